@@ -1,0 +1,25 @@
+"""The pure core of gpuadm: the policy and quota models, and every admission decision.
+
+Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes clients.
+"""
+
+from policies.errors import Denial
+from policies.final import check_final, check_update
+from policies.loading import ConfigError, load_policy, load_quotas
+from policies.policy import Policy
+from policies.quotas import QuotaConfig
+from policies.rewrite import Plan, plan, pod_charge
+
+__all__ = [
+    "ConfigError",
+    "Denial",
+    "Plan",
+    "Policy",
+    "QuotaConfig",
+    "check_final",
+    "check_update",
+    "load_policy",
+    "load_quotas",
+    "plan",
+    "pod_charge",
+]

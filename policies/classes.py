@@ -1,0 +1,493 @@
+"""GPU classes: one pydantic model per backend, each knowing what its backend understands.
+
+A class is chosen by its `backend` key (a discriminated union). Each variant turns an ask
+(whole GPUs, a share, an amount of memory) into the integer extended resources of its stack,
+and charges raw resources of its stack back into GPUs of the class, for quota.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from policies.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.errors import Denial
+from policies.quantity import MiB, QuantityError, ceil_div, format_amount, format_bytes, parse_quantity
+
+
+def _bytes(value: object) -> Fraction:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as error:
+        raise ValueError(str(error)) from None
+    if amount <= 0:
+        raise ValueError(f"{value!r} must be a positive amount of memory such as 16Gi")
+    return amount
+
+
+Bytes = Annotated[Fraction, BeforeValidator(_bytes), PlainSerializer(format_bytes)]
+ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
+
+
+class Model(BaseModel):
+    """Strict, immutable, camelCase on the wire: a typo in the config is an error, not a no-op."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Toleration(Model):
+    """A toleration added to every pod of the class (the fields of a core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    def as_pod_field(self) -> dict[str, Any]:
+        """Return the toleration as it appears in a pod spec."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class ClassBase(Model):
+    """What every class has, whatever its backend."""
+
+    uses_memory: ClassVar[bool] = True
+    default_scheduler: ClassVar[str | None] = None
+
+    memory: Bytes | None = None
+    node_selector: dict[str, list[str]] = Field(default_factory=dict)
+    scheduler_name: str | None = None
+    tolerations: list[Toleration] = Field(default_factory=list)
+    shareable: bool = True
+
+    @model_validator(mode="after")
+    def _memory_when_needed(self) -> ClassBase:
+        if self.uses_memory and self.shareable and self.memory is None:
+            raise ValueError(
+                f"backend {self.backend_name()} needs `memory` (the memory of one GPU, e.g. "
+                "16Gi) to size shares; set it, or set `shareable: false`"
+            )
+        for key, values in self.node_selector.items():
+            if not values:
+                raise ValueError(f"nodeSelector {key!r} lists no values")
+        return self
+
+    @classmethod
+    def backend_name(cls) -> str:
+        """Return the name of the backend as written in the policy."""
+        field = cls.model_fields["backend"]
+        return str(field.default)
+
+    @property
+    def scheduler(self) -> str | None:
+        """Return the scheduler the class's pods must use, or None for 'whatever they name'."""
+        return self.scheduler_name or self.default_scheduler
+
+    def owns(self, resource: str) -> bool:
+        """Tell whether a raw resource name belongs to this class's backend."""
+        return resource in self.resource_names()
+
+    def resource_names(self) -> frozenset[str]:
+        """Return every extended resource this backend uses."""
+        raise NotImplementedError
+
+    def grant(self, ask: Ask) -> Grant:
+        """Turn an ask into this backend's resources, rounding only ever up."""
+        raise NotImplementedError
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        """Return how many GPUs of the class the given raw resources of one container hold."""
+        raise NotImplementedError
+
+    def annotations(self) -> dict[str, str]:
+        """Return backend-specific pod annotations the class always sets."""
+        return {}
+
+    def share_of(self, ask: Ask) -> Fraction:
+        """Return the number of GPUs the user asked for, before any rounding."""
+        if isinstance(ask, Whole):
+            return Fraction(ask.count)
+        if isinstance(ask, Share):
+            return ask.fraction
+        return ask.memory / self._memory()
+
+    def _memory(self) -> Fraction:
+        if self.memory is None:
+            raise Denial("asks for a share, but the class has no `memory` to size it with")
+        return self.memory
+
+    def _share_fraction(self, ask: Share | MemoryShare) -> Fraction:
+        if isinstance(ask, Share):
+            return ask.fraction
+        memory = self._memory()
+        if ask.memory > memory:
+            raise Denial(
+                f"asks for {format_bytes(ask.memory)} of GPU memory but one GPU of the class "
+                f"has {format_bytes(memory)}"
+            )
+        return ask.memory / memory
+
+
+def _count(resources: Mapping[str, Fraction], name: str, default: Fraction) -> Fraction:
+    return resources.get(name, default)
+
+
+class NvidiaClass(ClassBase):
+    """NVIDIA's device plugin: whole GPUs only."""
+
+    uses_memory: ClassVar[bool] = False
+    backend: Literal["nvidia"] = "nvidia"
+    resource: ResourceName = "nvidia.com/gpu"
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset({self.resource})
+
+    def grant(self, ask: Ask) -> Grant:
+        if not isinstance(ask, Whole):
+            raise Denial(
+                f"asks for {ask.describe()}, but backend nvidia gives whole GPUs only: "
+                "ask for 1 or more"
+            )
+        warnings = ()
+        if ask.memory_cap is not None:
+            warnings = ("backend nvidia cannot cap GPU memory: the memory request is ignored",)
+        return Grant({self.resource: ask.count}, Fraction(ask.count), warnings)
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        return _count(resources, self.resource, Fraction(0))
+
+
+class VgpuNames(Model):
+    """Resource names of a HAMi-style virtual GPU stack."""
+
+    count: ResourceName
+    memory: ResourceName
+    cores: ResourceName
+    memory_percentage: ResourceName | None = None
+
+
+class _VirtualGpuClass(ClassBase):
+    """HAMi and Volcano's vGPU: a count of GPUs, each with memory (MiB) and cores (%)."""
+
+    resources: VgpuNames
+
+    def resource_names(self) -> frozenset[str]:
+        names = self.resources
+        return frozenset(
+            name
+            for name in (names.count, names.memory, names.cores, names.memory_percentage)
+            if name is not None
+        )
+
+    def grant(self, ask: Ask) -> Grant:
+        names = self.resources
+        if isinstance(ask, Whole):
+            resources = {names.count: ask.count}
+            if ask.memory_cap is not None:
+                if self.memory is not None and ask.memory_cap > self.memory:
+                    raise Denial(
+                        f"caps GPU memory at {format_bytes(ask.memory_cap)}, more than the "
+                        f"{format_bytes(self.memory)} of one GPU of the class"
+                    )
+                resources[names.memory] = ceil_div(ask.memory_cap, MiB)
+            return Grant(resources, Fraction(ask.count))
+        fraction = self._share_fraction(ask)
+        memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
+        resources = {
+            names.count: 1,
+            names.cores: ceil_div(fraction * 100, 1),
+            names.memory: ceil_div(memory_bytes, MiB),
+        }
+        return Grant(resources, self.charge({k: Fraction(v) for k, v in resources.items()}))
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        names = self.resources
+        per_gpu_keys = {names.memory, names.cores, names.memory_percentage} - {None}
+        count_default = Fraction(1) if per_gpu_keys & resources.keys() else Fraction(0)
+        count = _count(resources, names.count, count_default)
+        # A dimension the pod leaves unlimited is a whole GPU's worth in that dimension.
+        cores = resources[names.cores] / 100 if names.cores in resources else Fraction(1)
+        if names.memory in resources:
+            memory = (
+                resources[names.memory] * MiB / self.memory if self.memory else Fraction(1)
+            )
+        elif names.memory_percentage is not None and names.memory_percentage in resources:
+            memory = resources[names.memory_percentage] / 100
+        else:
+            memory = Fraction(1)
+        return count * max(cores, memory)
+
+
+class HamiClass(_VirtualGpuClass):
+    """HAMi: vGPUs scheduled by hami-scheduler, GPU model chosen by `nvidia.com/use-gputype`."""
+
+    default_scheduler: ClassVar[str | None] = "hami-scheduler"
+    backend: Literal["hami"] = "hami"
+    resources: VgpuNames = VgpuNames(
+        count="nvidia.com/gpu",
+        memory="nvidia.com/gpumem",
+        cores="nvidia.com/gpucores",
+        memory_percentage="nvidia.com/gpumem-percentage",
+    )
+    gpu_types: list[str] | None = None
+
+    def types(self) -> list[str]:
+        """Return the GPU type names HAMi is told to use (default: the class's products)."""
+        if self.gpu_types is not None:
+            return self.gpu_types
+        return list(self.node_selector.get("nvidia.com/gpu.product", []))
+
+    def annotations(self) -> dict[str, str]:
+        types = self.types()
+        return {"nvidia.com/use-gputype": ",".join(types)} if types else {}
+
+
+class VolcanoClass(_VirtualGpuClass):
+    """Volcano's vGPU: the same model as HAMi under volcano.sh names and the volcano scheduler."""
+
+    default_scheduler: ClassVar[str | None] = "volcano"
+    backend: Literal["volcano"] = "volcano"
+    resources: VgpuNames = VgpuNames(
+        count="volcano.sh/vgpu-number",
+        memory="volcano.sh/vgpu-memory",
+        cores="volcano.sh/vgpu-cores",
+    )
+
+
+class GpuManagerNames(Model):
+    """Resource names of tkestack gpu-manager."""
+
+    cores: ResourceName = "tencent.com/vcuda-core"
+    memory: ResourceName = "tencent.com/vcuda-memory"
+
+
+class GpuManagerClass(ClassBase):
+    """tkestack gpu-manager: 100 cores per GPU, memory in 256Mi blocks, both for a share."""
+
+    backend: Literal["gpu-manager"] = "gpu-manager"
+    resources: GpuManagerNames = GpuManagerNames()
+    memory_block: Bytes = Fraction(256 * MiB)
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset({self.resources.cores, self.resources.memory})
+
+    def grant(self, ask: Ask) -> Grant:
+        names = self.resources
+        if isinstance(ask, Whole):
+            warnings = ()
+            if ask.memory_cap is not None:
+                warnings = (
+                    "gpu-manager gives a whole GPU all of its memory: the memory cap is ignored",
+                )
+            return Grant({names.cores: 100 * ask.count}, Fraction(ask.count), warnings)
+        fraction = self._share_fraction(ask)
+        cores = ceil_div(fraction * 100, 1)
+        if cores >= 100:
+            # gpu-manager takes 1-99 cores for a share; 100 is the whole card.
+            return Grant({names.cores: 100}, Fraction(1))
+        memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
+        blocks = ceil_div(memory_bytes, self.memory_block)
+        resources = {names.cores: cores, names.memory: blocks}
+        return Grant(resources, self.charge({k: Fraction(v) for k, v in resources.items()}))
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        names = self.resources
+        cores = resources.get(names.cores, Fraction(0)) / 100
+        if names.memory in resources and self.memory:
+            memory = resources[names.memory] * self.memory_block / self.memory
+        else:
+            memory = Fraction(0)
+        return max(cores, memory)
+
+
+class GpushareClass(ClassBase):
+    """Alibaba gpushare: GPU memory only, in GiB (or MiB), one GPU per container at most."""
+
+    backend: Literal["gpushare"] = "gpushare"
+    resource: ResourceName = "aliyun.com/gpu-mem"
+    memory_unit: Literal["GiB", "MiB"] = "GiB"
+
+    @model_validator(mode="after")
+    def _memory_always(self) -> GpushareClass:
+        if self.memory is None:
+            raise ValueError("backend gpushare needs `memory` (the memory of one GPU, e.g. 16Gi)")
+        return self
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset({self.resource})
+
+    def _unit(self) -> int:
+        return 2**30 if self.memory_unit == "GiB" else MiB
+
+    def grant(self, ask: Ask) -> Grant:
+        if isinstance(ask, Whole):
+            if ask.count != 1:
+                raise Denial(
+                    f"asks for {ask.describe()}, but gpushare gives a container at most one GPU"
+                )
+            units = ceil_div(self._memory(), self._unit())
+            return Grant({self.resource: units}, Fraction(1))
+        fraction = self._share_fraction(ask)
+        memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
+        units = ceil_div(memory_bytes, self._unit())
+        return Grant({self.resource: units}, self.charge({self.resource: Fraction(units)}))
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        return resources.get(self.resource, Fraction(0)) * self._unit() / self._memory()
+
+
+_MIG_PROFILE = re.compile(r"^(?P<slices>[0-9]+)g\.")
+
+
+class MigClass(ClassBase):
+    """MIG, mixed strategy: fixed profiles, each its own extended resource."""
+
+    backend: Literal["mig"] = "mig"
+    resource_prefix: str = "nvidia.com/mig-"
+    profiles: dict[str, Bytes]
+    whole_profile: str | None = None
+
+    @model_validator(mode="after")
+    def _profiles_valid(self) -> MigClass:
+        if self.memory is None:
+            raise ValueError("backend mig needs `memory` (the memory of the whole GPU, e.g. 80Gi)")
+        if not self.profiles:
+            raise ValueError("backend mig needs at least one profile, e.g. {1g.10gb: 10Gi}")
+        if self.whole_profile is not None and self.whole_profile not in self.profiles:
+            raise ValueError(
+                f"wholeProfile {self.whole_profile!r} is not one of the profiles "
+                f"({', '.join(self.profiles)})"
+            )
+        return self
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset(self.resource_prefix + profile for profile in self.profiles)
+
+    def owns(self, resource: str) -> bool:
+        return resource.startswith(self.resource_prefix)
+
+    def profile_share(self, profile: str) -> Fraction:
+        """Return the fraction of a GPU a profile gives: the larger of compute and memory."""
+        memory = self.profiles[profile] / self._memory()
+        slices = self._slices(profile)
+        total = max((self._slices(name) or 0) for name in self.profiles)
+        compute = Fraction(slices, total) if slices and total else Fraction(0)
+        return min(Fraction(1), max(memory, compute))
+
+    @staticmethod
+    def _slices(profile: str) -> int | None:
+        match = _MIG_PROFILE.match(profile)
+        return int(match["slices"]) if match else None
+
+    def grant(self, ask: Ask) -> Grant:
+        if isinstance(ask, Whole):
+            if self.whole_profile is None:
+                raise Denial(
+                    f"asks for {ask.describe()}, but this MIG class gives slices only: ask for "
+                    "a share (e.g. 0.5) or memory, or configure `wholeProfile`"
+                )
+            charge = ask.count * self.profile_share(self.whole_profile)
+            return Grant({self.resource_prefix + self.whole_profile: ask.count}, charge)
+        if isinstance(ask, MemoryShare):
+            fits = [p for p, memory in self.profiles.items() if memory >= ask.memory]
+        else:
+            fits = [p for p in self.profiles if self.profile_share(p) >= ask.fraction]
+        if not fits:
+            raise Denial(f"asks for {ask.describe()}, which no MIG profile of the class holds")
+        best = min(fits, key=lambda p: (self.profile_share(p), self.profiles[p], p))
+        return Grant({self.resource_prefix + best: 1}, self.profile_share(best))
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        total = Fraction(0)
+        for name, count in resources.items():
+            profile = name.removeprefix(self.resource_prefix)
+            if profile not in self.profiles:
+                raise Denial(
+                    f"uses {name}, which is not a MIG profile of the class "
+                    f"(configured: {', '.join(self.profiles)})"
+                )
+            total += count * self.profile_share(profile)
+        return total
+
+
+class TimeSlicingClass(ClassBase):
+    """The device plugin's time-slicing: a replica is a turn on a whole GPU, not a fraction."""
+
+    uses_memory: ClassVar[bool] = False
+    backend: Literal["time-slicing"] = "time-slicing"
+    resource: ResourceName = "nvidia.com/gpu.shared"
+
+    def resource_names(self) -> frozenset[str]:
+        return frozenset({self.resource})
+
+    def grant(self, ask: Ask) -> Grant:
+        warnings = [
+            "time-slicing shares a GPU by turns with no memory isolation: another pod on the "
+            "same GPU can exhaust its memory; charged as one GPU"
+        ]
+        if isinstance(ask, Whole):
+            if ask.count != 1:
+                raise Denial(
+                    f"asks for {ask.describe()}, but a time-sliced replica is one GPU at most "
+                    "(the device plugin fails requests greater than one)"
+                )
+            if ask.memory_cap is not None:
+                warnings.append("time-slicing cannot cap GPU memory: the memory cap is ignored")
+        return Grant({self.resource: 1}, Fraction(1), tuple(warnings))
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        return resources.get(self.resource, Fraction(0))
+
+
+GpuClass = Annotated[
+    NvidiaClass
+    | HamiClass
+    | GpuManagerClass
+    | GpushareClass
+    | MigClass
+    | TimeSlicingClass
+    | VolcanoClass,
+    Discriminator("backend"),
+]
+
+BACKENDS: tuple[type[ClassBase], ...] = (
+    NvidiaClass,
+    HamiClass,
+    GpuManagerClass,
+    GpushareClass,
+    MigClass,
+    TimeSlicingClass,
+    VolcanoClass,
+)
+
+
+def describe_resources(resources: Mapping[str, int]) -> str:
+    """Write resources as `name: value` pairs for a message."""
+    return ", ".join(f"{name}: {value}" for name, value in sorted(resources.items()))
+
+
+def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) -> str | None:
+    """Return a warning when the grant is larger than the ask, else None."""
+    asked = cls.share_of(ask)
+    if grant.charge <= asked:
+        return None
+    return (
+        f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
+        f"({describe_resources(grant.resources)}); quota is charged {format_amount(grant.charge)}"
+    )

@@ -1,0 +1,270 @@
+"""Read a pod's GPU demand: which class, and what each container asks of it.
+
+The four request forms of the contract are recognised here: a class resource (whole or share),
+a class memory amount, untyped raw backend resources, in init containers and sidecars too.
+Nothing is rewritten here; `rewrite.plan` does that from the `PodDemand` this returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+from policies.asks import Ask, MemoryShare, Share, Whole
+from policies.classes import ClassBase
+from policies.errors import Denial
+from policies.policy import STANDARD_GPU, Policy
+from policies.quantity import QuantityError, format_amount, parse_quantity
+
+ContainerKind = Literal["initContainers", "containers"]
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerRef:
+    """Where a container sits in the pod spec."""
+
+    kind: ContainerKind
+    index: int
+    name: str
+    sidecar: bool
+
+    @property
+    def path(self) -> str:
+        """Return the JSON pointer of the container."""
+        return f"/spec/{self.kind}/{self.index}"
+
+    def __str__(self) -> str:
+        if self.kind == "containers":
+            return f'container "{self.name}"'
+        return f'{"sidecar" if self.sidecar else "init container"} "{self.name}"'
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerDemand:
+    """What one container asks: a class ask, or raw resources of the class's backend.
+
+    `replaced_keys` are the keys the rewrite removes before it writes the backend's resources.
+    """
+
+    ref: ContainerRef
+    ask: Ask | None
+    raw: dict[str, Fraction] = field(default_factory=dict)
+    replaced_keys: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class PodDemand:
+    """The pod's GPU class and every container that asks for part of it."""
+
+    class_name: str
+    gpu_class: ClassBase
+    containers: tuple[ContainerDemand, ...]
+
+
+@dataclass(slots=True)
+class _Found:
+    """What a container holds before the pod's class is known."""
+
+    ref: ContainerRef
+    class_values: dict[str, tuple[str, bool, Fraction, object]] = field(default_factory=dict)
+    raw: dict[str, Fraction] = field(default_factory=dict)
+
+
+def iter_containers(pod: Mapping[str, Any]) -> Iterator[tuple[ContainerRef, Mapping[str, Any]]]:
+    """Yield every init container, sidecar and app container with where it sits."""
+    spec = pod.get("spec") or {}
+    for kind in ("initContainers", "containers"):
+        for index, container in enumerate(spec.get(kind) or ()):
+            if not isinstance(container, Mapping):
+                continue
+            sidecar = kind == "initContainers" and container.get("restartPolicy") == "Always"
+            yield ContainerRef(kind, index, str(container.get("name", index)), sidecar), container
+
+
+def read_demand(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> PodDemand | None:
+    """Return the pod's GPU demand, None if it asks for no GPU, or raise `Denial`."""
+    found = [item for item in (_scan(ref, c, policy) for ref, c in iter_containers(pod)) if item]
+    if not found:
+        return None
+    class_name = _pod_class(pod, found, policy, namespace_default_class)
+    gpu_class = policy.classes[class_name]
+    containers = tuple(_container_demand(item, class_name, gpu_class, policy) for item in found)
+    if gpu_class.backend_name() == "gpushare" and len(containers) > 1:
+        names = ", ".join(str(c.ref) for c in containers)
+        raise Denial(
+            f"class {class_name} (gpushare) gives a GPU to one container per pod, but {names} "
+            "all ask for one; gpushare cannot share a GPU between containers of a pod"
+        )
+    return PodDemand(class_name, gpu_class, containers)
+
+
+def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _Found | None:
+    resources = container.get("resources") or {}
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    found = _Found(ref)
+    for key in {*limits, *requests}:
+        class_key = policy.class_key(key)
+        if class_key is None and policy.in_domain(key):
+            known = ", ".join(sorted(policy.classes))
+            raise Denial(f"{ref}: {key} names no GPU class (classes: {known})")
+        if class_key is None and not policy.is_gpu_resource(key):
+            continue
+        value, amount = _agreed_value(ref, key, limits, requests)
+        if class_key is not None:
+            found.class_values[key] = (*class_key, amount, value)
+        elif amount != 0:
+            found.raw[key] = amount
+    return found if found.class_values or found.raw else None
+
+
+def _agreed_value(
+    ref: ContainerRef, key: str, limits: Mapping[str, Any], requests: Mapping[str, Any]
+) -> tuple[object, Fraction]:
+    """Return the value of a key, which limits and requests must agree on when both set it."""
+    value = limits[key] if key in limits else requests[key]
+    amount = _quantity(ref, key, value)
+    if key in limits and key in requests:
+        other = _quantity(ref, key, requests[key])
+        if other != amount:
+            raise Denial(
+                f"{ref}: {key} requests {requests[key]!r} but limits {limits[key]!r}; "
+                "GPU requests and limits must be equal (or set only limits)"
+            )
+    return value, amount
+
+
+def _quantity(ref: ContainerRef, key: str, value: object) -> Fraction:
+    try:
+        return parse_quantity(value)
+    except QuantityError as error:
+        raise Denial(f"{ref}: {key}: {error}") from None
+
+
+def _pod_class(
+    pod: Mapping[str, Any], found: list[_Found], policy: Policy, namespace_default: str | None
+) -> str:
+    named: dict[str, ContainerRef] = {}
+    for item in found:
+        for class_name, _, _, _ in item.class_values.values():
+            named.setdefault(class_name, item.ref)
+    if len(named) > 1:
+        where = ", ".join(f"{name} in {ref}" for name, ref in sorted(named.items()))
+        raise Denial(f"the pod asks for two GPU classes ({where}); a pod uses one class")
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    annotated = annotations.get(policy.class_annotation)
+    if annotated is not None and annotated not in policy.classes:
+        raise Denial(
+            f"annotation {policy.class_annotation}: {annotated!r} is not a GPU class "
+            f"(classes: {', '.join(sorted(policy.classes))})"
+        )
+    if named:
+        (class_name,) = named
+        if annotated is not None and annotated != class_name:
+            raise Denial(
+                f"annotation {policy.class_annotation}: {annotated!r} contradicts "
+                f"{policy.domain}/{class_name} in {named[class_name]}"
+            )
+        return class_name
+    chosen = annotated or namespace_default or policy.default_class
+    if chosen is None or chosen not in policy.classes:
+        raise Denial(
+            f"the pod asks for GPUs ({', '.join(sorted(found[0].raw))}) but names no class: "
+            f"set the annotation {policy.class_annotation}, or ask for {policy.domain}/<class>"
+        )
+    return chosen
+
+
+def _container_demand(
+    item: _Found, class_name: str, gpu_class: ClassBase, policy: Policy
+) -> ContainerDemand:
+    ref = item.ref
+    if item.class_values and item.raw:
+        raw = ", ".join(sorted(item.raw))
+        raise Denial(
+            f"{ref} mixes {policy.domain}/{class_name} with raw GPU resources ({raw}); ask "
+            f"through the class alone (memory as {policy.domain}/{class_name}-memory)"
+        )
+    if item.class_values:
+        ask = _class_ask(item, class_name, gpu_class)
+        return ContainerDemand(ref, ask, replaced_keys=frozenset(item.class_values))
+    if set(item.raw) == {STANDARD_GPU}:
+        count = item.raw[STANDARD_GPU]
+        if count.denominator != 1 or count < 0:
+            raise Denial(
+                f"{ref}: {STANDARD_GPU}: {format_amount(count)} is not a whole number of GPUs; "
+                f"ask for a share as {policy.domain}/{class_name}: {format_amount(count)}"
+            )
+        return ContainerDemand(ref, Whole(int(count)), replaced_keys=frozenset({STANDARD_GPU}))
+    for name, amount in item.raw.items():
+        if not gpu_class.owns(name):
+            raise Denial(
+                f"{ref}: {name} does not belong to class {class_name}, whose backend "
+                f"{gpu_class.backend_name()} uses {', '.join(sorted(gpu_class.resource_names()))}"
+            )
+        if amount.denominator != 1 or amount < 0:
+            raise Denial(f"{ref}: {name}: {format_amount(amount)} must be a whole number")
+    return ContainerDemand(ref, None, raw=dict(item.raw))
+
+
+def _class_ask(item: _Found, class_name: str, gpu_class: ClassBase) -> Ask:
+    ref = item.ref
+    count: tuple[str, Fraction, object] | None = None
+    memory: tuple[str, Fraction, object] | None = None
+    for key, (_, is_memory, amount, value) in item.class_values.items():
+        if is_memory:
+            memory = (key, amount, value)
+        else:
+            count = (key, amount, value)
+    if memory is not None and memory[1] <= 0:
+        raise Denial(f"{ref}: {memory[0]}: {memory[2]!r} must be a positive amount such as 10Gi")
+    if count is None:
+        assert memory is not None
+        ask: Ask = MemoryShare(memory[1])
+    else:
+        key, amount, value = count
+        if amount <= 0 or (amount > 1 and amount.denominator != 1):
+            raise Denial(
+                f"{ref}: {key}: {value!r} is neither a whole number of GPUs (1, 2, ...) nor a "
+                "share of one GPU between 0 and 1 (0.5, 250m)"
+            )
+        if amount.denominator == 1:
+            ask = Whole(int(amount), memory[1] if memory else None)
+        elif memory is not None:
+            raise Denial(
+                f"{ref}: {key}: {value!r} is a share and {memory[0]} is a memory amount; ask "
+                "for one of them, or for whole GPUs with a memory cap"
+            )
+        else:
+            ask = Share(amount)
+    if not isinstance(ask, Whole) and not gpu_class.shareable:
+        raise Denial(
+            f"{ref}: class {class_name} gives whole GPUs only (shareable: false), "
+            f"but the container asks for {ask.describe()}"
+        )
+    return ask
+
+
+def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
+    """Return a pod's demand by Kubernetes' effective-request rule.
+
+    App containers and restartable sidecars run together, so they add up; a regular init
+    container runs alone beside the sidecars started before it. The pod needs the larger of
+    the running sum and the largest init step.
+    """
+    running = Fraction(0)
+    sidecars = Fraction(0)
+    largest_step = Fraction(0)
+    for ref, charge in sorted(charges, key=lambda item: (item[0].kind != "initContainers",
+                                                         item[0].index)):
+        if ref.kind == "containers":
+            running += charge
+        elif ref.sidecar:
+            sidecars += charge
+        else:
+            largest_step = max(largest_step, sidecars + charge)
+    return max(running + sidecars, largest_step)

@@ -1,0 +1,50 @@
+"""Judge a pod as it will be stored: the validating side of admission, quota aside."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from policies.errors import Denial
+from policies.policy import Policy
+from policies.rewrite import Plan, plan
+
+
+def check_final(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> Plan:
+    """Return the plan of a pod that is ready to store, or raise `Denial`.
+
+    A stored GPU pod must be a fixed point of the rewrite: no class keys left, backend
+    resources, scheduler, affinity and annotations exactly as gpuadm writes them. A pod that
+    is not was never seen by the mutating webhook (it failed open, e.g. while unreachable),
+    so it is refused with a message to retry rather than let through to the wrong scheduler.
+    """
+    result = plan(pod, policy, namespace_default_class=namespace_default_class)
+    if result.patch:
+        fields = ", ".join(sorted({op["path"] for op in result.patch}))
+        raise Denial(
+            "this GPU pod was not processed by gpuadm's mutating webhook, which may have been "
+            f"unavailable ({fields} not as gpuadm writes them); retry the request"
+        )
+    return result
+
+
+def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy) -> None:
+    """Refuse an update that adds, changes or removes gpuadm's labels or annotations."""
+    changed = []
+    for field in ("labels", "annotations"):
+        before = _owned(old, field, policy)
+        after = _owned(new, field, policy)
+        changed += [f"{field[:-1]} {key}" for key in sorted(before.keys() | after.keys())
+                    if before.get(key) != after.get(key)]
+    if changed:
+        raise Denial(
+            f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "
+            "and demand and cannot change after creation"
+        )
+
+
+def _owned(pod: Mapping[str, Any], field: str, policy: Policy) -> dict[str, str]:
+    values = (pod.get("metadata") or {}).get(field) or {}
+    return {key: value for key, value in values.items() if policy.in_domain(key)}

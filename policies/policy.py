@@ -1,0 +1,138 @@
+"""The policy: which GPU classes exist, and the tables derived from them once at load time."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import Field, PrivateAttr, field_validator, model_validator
+
+from policies.classes import BACKENDS, ClassBase, GpuClass, HamiClass, Model
+
+CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
+MEMORY_SUFFIX = "-memory"
+# The name every chart and operator writes; translated into the class's backend (SPEC form 3).
+STANDARD_GPU = "nvidia.com/gpu"
+
+
+def _default_resource_names() -> frozenset[str]:
+    """Return the resource names every backend uses out of the box."""
+    names: set[str] = set()
+    for backend in BACKENDS:
+        for field in backend.model_fields.values():
+            default = field.default
+            if isinstance(default, str) and "/" in default:
+                names.add(default)
+            elif isinstance(default, Model):
+                names.update(v for v in default.model_dump().values() if isinstance(v, str))
+    return frozenset(names)
+
+
+class Policy(Model):
+    """The whole `policy.yaml`."""
+
+    domain: str = "gpuadm.io"
+    default_class: str | None = None
+    exempt_namespaces: list[str] = Field(default_factory=list)
+    classes: dict[str, GpuClass]
+
+    _keys: dict[str, tuple[str, bool]] = PrivateAttr(default_factory=dict)
+    _raw_names: frozenset[str] = PrivateAttr(default=frozenset())
+    _raw_prefixes: tuple[str, ...] = PrivateAttr(default=())
+
+    @field_validator("domain")
+    @classmethod
+    def _domain_is_dns(cls, domain: str) -> str:
+        if not DOMAIN.match(domain) or len(domain) > 253:
+            raise ValueError(f"{domain!r} is not a DNS subdomain such as gpuadm.io")
+        return domain
+
+    @field_validator("classes")
+    @classmethod
+    def _class_names(cls, classes: dict[str, ClassBase]) -> dict[str, ClassBase]:
+        if not classes:
+            raise ValueError("define at least one GPU class")
+        for name in classes:
+            if not CLASS_NAME.match(name):
+                raise ValueError(
+                    f"class name {name!r} must be lowercase letters, digits and '-', at most "
+                    "63 characters, starting and ending with a letter or digit"
+                )
+            if name.endswith(MEMORY_SUFFIX):
+                raise ValueError(
+                    f"class name {name!r} must not end in {MEMORY_SUFFIX!r}: "
+                    f"<class>{MEMORY_SUFFIX} is the key that asks for memory"
+                )
+        return classes
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> Policy:
+        if self.default_class is not None and self.default_class not in self.classes:
+            raise ValueError(
+                f"defaultClass {self.default_class!r} is not a class "
+                f"(classes: {', '.join(sorted(self.classes))})"
+            )
+        _check_hami_types(self.classes)
+        return self
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Build the lookup tables the admission path uses on every request."""
+        keys: dict[str, tuple[str, bool]] = {}
+        for name in self.classes:
+            keys[f"{self.domain}/{name}"] = (name, False)
+            keys[f"{self.domain}/{name}{MEMORY_SUFFIX}"] = (name, True)
+        self._keys = keys
+        names = set(_default_resource_names())
+        prefixes = {"nvidia.com/mig-"}
+        for gpu_class in self.classes.values():
+            names.update(gpu_class.resource_names())
+            prefix = getattr(gpu_class, "resource_prefix", None)
+            if prefix:
+                prefixes.add(prefix)
+        self._raw_names = frozenset(names)
+        self._raw_prefixes = tuple(sorted(prefixes))
+
+    def class_key(self, name: str) -> tuple[str, bool] | None:
+        """Map `D/<class>` or `D/<class>-memory` to (class, is_memory), or None."""
+        return self._keys.get(name)
+
+    def in_domain(self, key: str) -> bool:
+        """Tell whether a key (resource, label, annotation) is under the policy's domain."""
+        return key.startswith(self.domain + "/")
+
+    def is_gpu_resource(self, name: str) -> bool:
+        """Tell whether a raw resource name belongs to any GPU stack gpuadm knows."""
+        return name in self._raw_names or name.startswith(self._raw_prefixes)
+
+    @property
+    def class_annotation(self) -> str:
+        """Return the key of the class annotation and label, `D/class`."""
+        return f"{self.domain}/class"
+
+    @property
+    def demand_annotation(self) -> str:
+        """Return the key of the demand annotation, `D/demand`."""
+        return f"{self.domain}/demand"
+
+
+def _check_hami_types(classes: dict[str, Any]) -> None:
+    """Refuse HAMi type names that would also pick another class's GPUs.
+
+    HAMi matches `nvidia.com/use-gputype` by case-insensitive substring, so a class typed
+    `A10` would also land on A100s.
+    """
+    typed = [
+        (name, gpu_type)
+        for name, gpu_class in classes.items()
+        if isinstance(gpu_class, HamiClass)
+        for gpu_type in gpu_class.types()
+    ]
+    for name, gpu_type in typed:
+        for other_name, other_type in typed:
+            if other_name != name and gpu_type.upper() in other_type.upper():
+                raise ValueError(
+                    f"class {name!r}: HAMi GPU type {gpu_type!r} is a substring of "
+                    f"{other_type!r} of class {other_name!r}, and HAMi matches by substring, "
+                    f"so {name!r} pods could land on {other_name!r} GPUs; use the full name"
+                )

@@ -1,0 +1,94 @@
+"""The quota config: per-namespace limits per GPU class, in GPUs of that class."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from fractions import Fraction
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, PlainSerializer, model_validator
+
+from policies.classes import Model
+from policies.policy import CLASS_NAME, Policy
+from policies.quantity import QuantityError, format_amount, parse_quantity
+
+ALL_CLASSES = "*"
+
+
+def _limit(value: object) -> Fraction:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as error:
+        raise ValueError(str(error)) from None
+    if amount < 0:
+        raise ValueError(f"{value!r} is negative: a limit is 0 (none at all) or more")
+    return amount
+
+
+Limit = Annotated[Fraction, BeforeValidator(_limit), PlainSerializer(format_amount)]
+
+
+def _check_limit_keys(limits: Mapping[str, object]) -> None:
+    for key in limits:
+        if key != ALL_CLASSES and not CLASS_NAME.match(key):
+            raise ValueError(f"{key!r} is neither a class name nor {ALL_CLASSES!r}")
+
+
+class NamespaceQuota(Model):
+    """One namespace's entry: its default class and a limit per class (and `*` for all)."""
+
+    default_class: str | None = None
+    limits: dict[str, Limit] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_limits(cls, data: Any) -> Any:
+        # In the file, limits sit beside `defaultClass`, as a ResourceQuota's `hard` would.
+        if not isinstance(data, Mapping) or "limits" in data:
+            return data
+        limits = {k: v for k, v in data.items() if k != "defaultClass"}
+        _check_limit_keys(limits)
+        return {"defaultClass": data.get("defaultClass"), "limits": limits}
+
+
+class QuotaConfig(Model):
+    """The whole `quotas.yaml`."""
+
+    mode: Literal["enforce", "warn"] = "enforce"
+    default: dict[str, Limit] = Field(default_factory=dict)
+    namespaces: dict[str, NamespaceQuota] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and isinstance(data.get("default"), Mapping):
+            _check_limit_keys(data["default"])
+        return data
+
+    def limits_for(self, namespace: str) -> Mapping[str, Fraction]:
+        """Return a namespace's limits: its own entry, or `default` when it has none."""
+        entry = self.namespaces.get(namespace)
+        return entry.limits if entry is not None else self.default
+
+    def default_class_for(self, namespace: str) -> str | None:
+        """Return the namespace's default class, if its entry names one."""
+        entry = self.namespaces.get(namespace)
+        return entry.default_class if entry is not None else None
+
+    def unknown_classes(self, policy: Policy) -> list[str]:
+        """List every class this config names that the policy does not define."""
+        problems = []
+        known = set(policy.classes)
+        for key in self.default:
+            if key != ALL_CLASSES and key not in known:
+                problems.append(f"default.{key}: no such class in the policy")
+        for namespace, entry in self.namespaces.items():
+            for key in entry.limits:
+                if key != ALL_CLASSES and key not in known:
+                    problems.append(f"namespaces.{namespace}.{key}: no such class in the policy")
+            if entry.default_class is not None and entry.default_class not in known:
+                problems.append(
+                    f"namespaces.{namespace}.defaultClass: {entry.default_class!r} is not a "
+                    "class in the policy"
+                )
+        return problems

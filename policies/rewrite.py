@@ -1,0 +1,230 @@
+"""Plan the rewrite of a pod into what its class's backend understands, as a JSON patch.
+
+`plan` is pure and idempotent: applied to its own output it plans nothing. Every value it
+writes goes into requests and limits together, because the apiserver validates the pod only
+after all mutation (extended resources must then be integers with requests == limits).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from policies.asks import Grant
+from policies.classes import ClassBase, rounding_warning
+from policies.demand import ContainerDemand, PodDemand, effective_demand, read_demand
+from policies.errors import Denial
+from policies.policy import Policy
+from policies.quantity import format_amount, parse_quantity
+
+Patch = list[dict[str, Any]]
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What gpuadm does to a pod: the patch, the warnings, and what the pod costs."""
+
+    class_name: str | None
+    charge: Fraction
+    patch: Patch
+    warnings: tuple[str, ...]
+
+    @property
+    def demand(self) -> str | None:
+        """Return the normalized demand, e.g. `a100=0.5`, or None for a pod without GPUs."""
+        if self.class_name is None:
+            return None
+        return f"{self.class_name}={format_amount(self.charge)}"
+
+
+NO_GPU = Plan(None, Fraction(0), [], ())
+
+
+def plan(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> Plan:
+    """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid."""
+    demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
+    if demand is None:
+        return NO_GPU
+    warnings: list[str] = []
+    charges = []
+    patch: Patch = []
+    for container in demand.containers:
+        grant = _grant(container, demand)
+        charges.append((container.ref, grant.charge))
+        warnings.extend(grant.warnings)
+        resources = _container(pod, container).get("resources") or {}
+        rewritten = _rewrite_resources(resources, container, grant)
+        if rewritten != resources:
+            patch.append(_add(f"{container.ref.path}/resources", rewritten))
+    charge = effective_demand(charges)
+    spec = pod.get("spec") or {}
+    _check_scheduler(spec, demand)
+    patch += _metadata_ops(pod, policy, demand, charge)
+    patch += _spec_ops(spec, demand.gpu_class)
+    return Plan(demand.class_name, charge, patch, tuple(dict.fromkeys(warnings)))
+
+
+def pod_charge(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> tuple[str, Fraction] | None:
+    """Return (class, GPUs) a pod holds by its resources, or None; raise `Denial` if invalid."""
+    demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
+    if demand is None:
+        return None
+    charges = [(c.ref, _grant(c, demand).charge) for c in demand.containers]
+    return demand.class_name, effective_demand(charges)
+
+
+def _grant(container: ContainerDemand, demand: PodDemand) -> Grant:
+    gpu_class = demand.gpu_class
+    try:
+        if container.ask is None:
+            return Grant(_integers(container.raw), gpu_class.charge(container.raw))
+        grant = gpu_class.grant(container.ask)
+    except Denial as denial:
+        raise Denial(f"{container.ref} {denial.message} (class {demand.class_name})") from None
+    note = rounding_warning(gpu_class, demand.class_name, container.ask, grant)
+    if note is not None:
+        grant = Grant(grant.resources, grant.charge, (*grant.warnings, f"{container.ref}: {note}"))
+    return grant
+
+
+def _integers(raw: Mapping[str, Fraction]) -> dict[str, int]:
+    return {name: int(amount) for name, amount in raw.items()}
+
+
+def _container(pod: Mapping[str, Any], container: ContainerDemand) -> Mapping[str, Any]:
+    containers: list[Mapping[str, Any]] = pod["spec"][container.ref.kind]
+    return containers[container.ref.index]
+
+
+def _rewrite_resources(
+    resources: Mapping[str, Any], container: ContainerDemand, grant: Grant
+) -> dict[str, Any]:
+    """Return the container's resources with the class keys replaced by the backend's."""
+    rewritten = copy.deepcopy(dict(resources))
+    for side in ("limits", "requests"):
+        values = dict(rewritten.get(side) or {})
+        for key in container.replaced_keys:
+            values.pop(key, None)
+        for name, amount in grant.resources.items():
+            current = values.get(name)
+            if current is None or _amount_or_none(current) != amount:
+                values[name] = str(amount)
+        rewritten[side] = values
+    return rewritten
+
+
+def _amount_or_none(value: object) -> Fraction | None:
+    try:
+        return parse_quantity(value)
+    except ValueError:
+        return None
+
+
+def _check_scheduler(spec: Mapping[str, Any], demand: PodDemand) -> None:
+    wanted = demand.gpu_class.scheduler
+    if wanted is None:
+        return
+    named = spec.get("schedulerName")
+    if named not in (None, "", DEFAULT_SCHEDULER, wanted):
+        raise Denial(
+            f"class {demand.class_name} is scheduled by {wanted!r}, but the pod names "
+            f"schedulerName {named!r}; remove schedulerName or set it to {wanted!r}"
+        )
+    if spec.get("nodeName"):
+        raise Denial(
+            f"class {demand.class_name} is placed by the scheduler {wanted!r}, but the pod sets "
+            f"nodeName {spec['nodeName']!r}, which bypasses it; remove nodeName"
+        )
+
+
+def _metadata_ops(
+    pod: Mapping[str, Any], policy: Policy, demand: PodDemand, charge: Fraction
+) -> Patch:
+    metadata = pod.get("metadata") or {}
+    annotations = {
+        policy.class_annotation: demand.class_name,
+        policy.demand_annotation: f"{demand.class_name}={format_amount(charge)}",
+        **demand.gpu_class.annotations(),
+    }
+    labels = {policy.class_annotation: demand.class_name}
+    return _map_ops("/metadata/annotations", metadata.get("annotations"), annotations) + _map_ops(
+        "/metadata/labels", metadata.get("labels"), labels
+    )
+
+
+def _map_ops(path: str, current: Mapping[str, str] | None, wanted: Mapping[str, str]) -> Patch:
+    if not current:
+        return [_add(path, dict(wanted))]
+    return [
+        _add(f"{path}/{_escape(key)}", value)
+        for key, value in wanted.items()
+        if current.get(key) != value
+    ]
+
+
+def _spec_ops(spec: Mapping[str, Any], gpu_class: ClassBase) -> Patch:
+    patch: Patch = []
+    scheduler = gpu_class.scheduler
+    if scheduler is not None and spec.get("schedulerName") != scheduler:
+        patch.append(_add("/spec/schedulerName", scheduler))
+    if gpu_class.node_selector:
+        affinity = _with_node_affinity(spec.get("affinity") or {}, gpu_class.node_selector)
+        if affinity != (spec.get("affinity") or {}):
+            patch.append(_add("/spec/affinity", affinity))
+    current = list(spec.get("tolerations") or [])
+    missing = [t.as_pod_field() for t in gpu_class.tolerations]
+    missing = [t for t in missing if t not in current]
+    if missing:
+        patch.append(_add("/spec/tolerations", current + missing))
+    return patch
+
+
+def node_selector_expressions(node_selector: Mapping[str, list[str]]) -> list[dict[str, Any]]:
+    """Return the class's node selector as nodeSelectorRequirements, one per label key."""
+    return [
+        {"key": key, "operator": "In", "values": list(values)}
+        for key, values in sorted(node_selector.items())
+    ]
+
+
+def _with_node_affinity(
+    affinity: Mapping[str, Any], node_selector: Mapping[str, list[str]]
+) -> dict[str, Any]:
+    """Return the affinity with the class's expressions ANDed into every selector term.
+
+    Terms are ORed, so adding a term of our own would widen the pod's placement; the class's
+    requirement must sit inside each term instead. An empty term matches no node, so it is
+    left as it is rather than turned into one that matches.
+    """
+    updated = copy.deepcopy(dict(affinity))
+    node_affinity = updated.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    terms = required.get("nodeSelectorTerms") or [{}]
+    expressions = node_selector_expressions(node_selector)
+    new_terms = []
+    for term in terms:
+        term = dict(term)
+        if term or len(terms) == 1:
+            existing = list(term.get("matchExpressions") or [])
+            term["matchExpressions"] = existing + [e for e in expressions if e not in existing]
+        new_terms.append(term)
+    required["nodeSelectorTerms"] = new_terms
+    return updated
+
+
+def _add(path: str, value: Any) -> dict[str, Any]:
+    # `add` replaces a member that exists and creates one that does not, so the same op is
+    # right whether or not the user wrote the field.
+    return {"op": "add", "path": path, "value": value}
+
+
+def _escape(key: str) -> str:
+    return key.replace("~", "~0").replace("/", "~1")

@@ -1,0 +1,31 @@
+"""The aiohttp application factory."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from webhook import http
+from webhook.config import ConfigHolder
+from webhook.files import watch_files
+from webhook.keys import CONFIG, QUOTA, READINESS, SETTINGS
+from webhook.quota import QuotaGate, Unlimited
+from webhook.settings import Settings
+
+
+def create_app(
+    settings: Settings, config: ConfigHolder, *, quota: QuotaGate | None = None
+) -> web.Application:
+    """Build the webhook application: routes, state and background work."""
+    # One byte over the review limit lets the edge tell "too large" apart from a body that
+    # happens to be exactly the limit.
+    app = web.Application(client_max_size=settings.max_review_bytes + 1)
+    app[SETTINGS] = settings
+    app[CONFIG] = config
+    app[QUOTA] = quota if quota is not None else Unlimited()
+    app[READINESS] = []
+    app.router.add_post("/mutate", http.handle_mutate)
+    app.router.add_post("/validate", http.handle_validate)
+    app.router.add_get("/healthz", http.handle_healthz)
+    app.router.add_get("/readyz", http.handle_readyz)
+    app.cleanup_ctx.append(watch_files)
+    return app

@@ -1,0 +1,66 @@
+"""The `gpuadm` command: serve, review, check-config, certs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from webhook import commands
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="gpuadm", description="GPU admission controller for Kubernetes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="serve /mutate and /validate over HTTPS")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument("--cert-file", type=Path, help="serving certificate (PEM)")
+    serve.add_argument("--key-file", type=Path, help="key of the serving certificate (PEM)")
+    serve.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="where a self-signed certificate is written when --cert-file is not given "
+        "(default: a new temporary directory)",
+    )
+    _config_arguments(serve, required=True)
+    serve.add_argument(
+        "--trusted-user",
+        default="system:serviceaccount:gpuadm-system:gpuadm",
+        help="the only user allowed to change gpuadm's labels and annotations on a pod",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+
+    review = sub.add_parser("review", help="show offline what gpuadm would do to a pod")
+    review.add_argument("pod", type=Path, help="a Pod manifest (YAML or JSON); - for stdin")
+    _config_arguments(review, required=True)
+    review.add_argument("--namespace", "-n", help="namespace to judge the pod in")
+    review.add_argument("--output", "-o", choices=["text", "json"], default="text")
+
+    check = sub.add_parser("check-config", help="validate policy and quota files")
+    check.add_argument("files", type=Path, nargs="+", help="policy.yaml, quotas.yaml or ConfigMaps")
+    return parser
+
+
+def _config_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    parser.add_argument("--policy", type=Path, required=required, help="policy.yaml")
+    parser.add_argument("--quotas", type=Path, help="quotas.yaml (default: no quotas)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the process exit code."""
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        return commands.serve_forever(args)
+    if args.command == "review":
+        return commands.review(args)
+    return commands.check_config(args.files)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,107 @@
+"""The HTTP edge: checks a review's envelope, calls admission, and never leaks a stack trace.
+
+- A body that is not an AdmissionReview gpuadm can judge is an HTTP 4xx whose body names
+  what was wrong (413 too large, 415 not JSON, 400 malformed or not a pod review).
+- A pod that breaks a rule is an HTTP 200 review with `allowed: false` (webhook.admission).
+- Any other failure is logged here with its traceback and answered with a review that still
+  carries the request's uid, so the apiserver shows the user a message instead of a 500.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+
+import orjson
+from aiohttp import web
+
+from webhook import admission, response
+from webhook.admission import Decision
+from webhook.keys import CONFIG, QUOTA, READINESS, SETTINGS
+from webhook.review import AdmissionRequest, BadReview, decode_review
+
+log = logging.getLogger("gpuadm.http")
+
+Decide = Callable[[web.Request, AdmissionRequest], Awaitable[Decision]]
+
+
+async def _mutate(request: web.Request, review: AdmissionRequest) -> Decision:
+    return admission.mutate(review, request.app[CONFIG].current)
+
+
+async def _validate(request: web.Request, review: AdmissionRequest) -> Decision:
+    app = request.app
+    return await admission.validate(
+        review, app[CONFIG].current, app[QUOTA], trusted_user=app[SETTINGS].trusted_user
+    )
+
+
+async def handle_mutate(request: web.Request) -> web.Response:
+    """POST /mutate."""
+    return await _serve_review(request, _mutate)
+
+
+async def handle_validate(request: web.Request) -> web.Response:
+    """POST /validate."""
+    return await _serve_review(request, _validate)
+
+
+async def _serve_review(request: web.Request, decide: Decide) -> web.Response:
+    try:
+        body = await _read_review_body(request)
+        review = decode_review(body)
+    except BadReview as error:
+        return _bad_request(400, error.reason)
+    except web.HTTPException as error:
+        return _bad_request(error.status, error.text or error.reason)
+    try:
+        decision = await decide(request, review)
+    except Exception:
+        incident = uuid.uuid4().hex[:12]
+        log.exception("admission of %s failed (incident %s)", review.uid, incident)
+        message = f"gpuadm failed to judge this request (incident {incident}); retry"
+        return _json(200, response.errored(review.uid, message))
+    return _json(200, decision.review)
+
+
+async def _read_review_body(request: web.Request) -> bytes:
+    limit = request.app[SETTINGS].max_review_bytes
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(
+            text=f"Content-Type must be application/json, got {request.content_type!r}"
+        )
+    if request.content_length is not None and request.content_length > limit:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=limit,
+            actual_size=request.content_length,
+            text=f"body of {request.content_length} bytes exceeds the {limit}-byte limit",
+        )
+    try:
+        return await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise web.HTTPRequestEntityTooLarge(
+            max_size=limit, actual_size=limit + 1, text=f"body exceeds the {limit}-byte limit"
+        ) from None
+
+
+def _bad_request(status: int, reason: str) -> web.Response:
+    log.warning("refused a request with HTTP %d: %s", status, reason)
+    return _json(status, {"error": reason})
+
+
+def _json(status: int, payload: object) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
+
+
+async def handle_healthz(request: web.Request) -> web.Response:
+    """GET /healthz: the process serves requests."""
+    return web.Response(text="ok")
+
+
+async def handle_readyz(request: web.Request) -> web.Response:
+    """GET /readyz: config loaded and every background source in sync."""
+    reasons = [reason for check in request.app[READINESS] if (reason := check()) is not None]
+    if reasons:
+        return web.Response(status=503, text="not ready: " + "; ".join(reasons))
+    return web.Response(text="ok")
