@@ -25,7 +25,14 @@ from pydantic.alias_generators import to_camel
 
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
 from policies.errors import Denial
-from policies.quantity import MiB, QuantityError, ceil_div, format_amount, format_bytes, parse_quantity
+from policies.quantity import (
+    MiB,
+    QuantityError,
+    ceil_div,
+    format_amount,
+    format_bytes,
+    parse_quantity,
+)
 
 
 def _bytes(value: object) -> Fraction:
@@ -164,7 +171,7 @@ class NvidiaClass(ClassBase):
                 f"asks for {ask.describe()}, but backend nvidia gives whole GPUs only: "
                 "ask for 1 or more"
             )
-        warnings = ()
+        warnings: tuple[str, ...] = ()
         if ask.memory_cap is not None:
             warnings = ("backend nvidia cannot cap GPU memory: the memory request is ignored",)
         return Grant({self.resource: ask.count}, Fraction(ask.count), warnings)
@@ -224,9 +231,7 @@ class _VirtualGpuClass(ClassBase):
         # A dimension the pod leaves unlimited is a whole GPU's worth in that dimension.
         cores = resources[names.cores] / 100 if names.cores in resources else Fraction(1)
         if names.memory in resources:
-            memory = (
-                resources[names.memory] * MiB / self.memory if self.memory else Fraction(1)
-            )
+            memory = resources[names.memory] * MiB / self.memory if self.memory else Fraction(1)
         elif names.memory_percentage is not None and names.memory_percentage in resources:
             memory = resources[names.memory_percentage] / 100
         else:
@@ -290,7 +295,7 @@ class GpuManagerClass(ClassBase):
     def grant(self, ask: Ask) -> Grant:
         names = self.resources
         if isinstance(ask, Whole):
-            warnings = ()
+            warnings: tuple[str, ...] = ()
             if ask.memory_cap is not None:
                 warnings = (
                     "gpu-manager gives a whole GPU all of its memory: the memory cap is ignored",

@@ -259,8 +259,9 @@ def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
     running = Fraction(0)
     sidecars = Fraction(0)
     largest_step = Fraction(0)
-    for ref, charge in sorted(charges, key=lambda item: (item[0].kind != "initContainers",
-                                                         item[0].index)):
+    for ref, charge in sorted(
+        charges, key=lambda item: (item[0].kind != "initContainers", item[0].index)
+    ):
         if ref.kind == "containers":
             running += charge
         elif ref.sidecar:

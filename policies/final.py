@@ -36,8 +36,11 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     for field in ("labels", "annotations"):
         before = _owned(old, field, policy)
         after = _owned(new, field, policy)
-        changed += [f"{field[:-1]} {key}" for key in sorted(before.keys() | after.keys())
-                    if before.get(key) != after.get(key)]
+        changed += [
+            f"{field[:-1]} {key}"
+            for key in sorted(before.keys() | after.keys())
+            if before.get(key) != after.get(key)
+        ]
     if changed:
         raise Denial(
             f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "

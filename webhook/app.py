@@ -10,6 +10,7 @@ from webhook.files import watch_files
 from webhook.keys import CONFIG, QUOTA, READINESS, SETTINGS
 from webhook.quota import QuotaGate, Unlimited
 from webhook.settings import Settings
+from webhook.tls import reload_certificates
 
 
 def create_app(
@@ -28,4 +29,5 @@ def create_app(
     app.router.add_get("/healthz", http.handle_healthz)
     app.router.add_get("/readyz", http.handle_readyz)
     app.cleanup_ctx.append(watch_files)
+    app.cleanup_ctx.append(reload_certificates)
     return app

@@ -18,12 +18,19 @@ import jsonpatch
 import yaml
 from aiohttp import web
 
-from certs import new_ca, new_serving_cert, server_ssl_context, write_tls_dir
+from certs import (
+    CertificateReloader,
+    new_ca,
+    new_serving_cert,
+    server_ssl_context,
+    write_tls_dir,
+)
 from policies import ConfigError, load_policy, load_quotas
 from webhook import admission
 from webhook.app import create_app
 from webhook.config import ConfigHolder, ConfigSnapshot
 from webhook.files import read_snapshot
+from webhook.keys import TLS_RELOADER
 from webhook.quota import Unlimited
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
@@ -209,9 +216,16 @@ def serve_forever(args: argparse.Namespace) -> int:
     _use_fast_loop()
     app = create_app(settings, ConfigHolder(config))
     ssl_context = server_ssl_context(cert_file, key_file)
+    app[TLS_RELOADER] = CertificateReloader(ssl_context, cert_file, key_file)
     log.info("serving on https://%s:%d", settings.host, settings.port)
-    web.run_app(app, host=settings.host, port=settings.port, ssl_context=ssl_context,
-                print=None, access_log=None)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_context=ssl_context,
+        print=None,
+        access_log=None,
+    )
     return EXIT_OK
 
 
@@ -224,7 +238,9 @@ def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:
         ca, dns_names=["localhost", "gpuadm"], ip_addresses=["127.0.0.1", "::1"], now=now
     )
     paths = write_tls_dir(directory, ca=ca, serving=serving)
-    log.warning("no --cert-file given: serving a self-signed certificate; its CA is %s", paths.ca_file)
+    log.warning(
+        "no --cert-file given: serving a self-signed certificate; its CA is %s", paths.ca_file
+    )
     return paths.cert_file, paths.key_file
 
 

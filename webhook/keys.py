@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from certs import CertificateReloader
 from webhook.config import ConfigHolder
 from webhook.quota import QuotaGate
 from webhook.settings import Settings
@@ -15,3 +16,4 @@ CONFIG = web.AppKey("config", ConfigHolder)
 QUOTA = web.AppKey("quota", QuotaGate)
 # Each check returns None when ready, else the reason it is not.
 READINESS = web.AppKey("readiness", list[Callable[[], str | None]])
+TLS_RELOADER = web.AppKey("tls_reloader", CertificateReloader)

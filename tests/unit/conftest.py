@@ -1,0 +1,104 @@
+"""Fixtures of the fast suite: a policy with one class per backend, and pod builders."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policies import Policy, QuotaConfig, load_policy, load_quotas
+
+# One class per backend, so every table below can name the backend by its class.
+POLICY_YAML = """
+domain: gpuadm.io
+defaultClass: t4
+exemptNamespaces: [kube-system]
+classes:
+  a100:
+    backend: hami
+    memory: 80Gi
+    nodeSelector:
+      nvidia.com/gpu.product: [NVIDIA-A100-SXM4-80GB, NVIDIA-A100-80GB-PCIe]
+  t4:
+    backend: gpu-manager
+    memory: 16Gi
+    nodeSelector:
+      gaia.tencent.com/gpu-model: [Tesla-T4]
+  h100:
+    backend: nvidia
+    nodeSelector:
+      nvidia.com/gpu.product: [NVIDIA-H100-80GB-HBM3]
+  a100-mig:
+    backend: mig
+    memory: 80Gi
+    profiles: {1g.10gb: 10Gi, 2g.20gb: 20Gi, 3g.40gb: 40Gi, 7g.80gb: 80Gi}
+    nodeSelector:
+      nvidia.com/mig.strategy: [mixed]
+  v100:
+    backend: gpushare
+    memory: 16Gi
+    nodeSelector:
+      gpushare: ["true"]
+  l4:
+    backend: time-slicing
+    nodeSelector:
+      nvidia.com/gpu.product: [NVIDIA-L4-SHARED]
+    tolerations:
+      - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
+  a10:
+    backend: volcano
+    memory: 24Gi
+    nodeSelector:
+      nvidia.com/gpu.product: [NVIDIA-A10]
+"""
+
+QUOTAS_YAML = """
+mode: enforce
+default: {t4: 1}
+namespaces:
+  team-a:
+    defaultClass: a100
+    a100: 4
+    "*": 5
+"""
+
+
+@pytest.fixture(scope="session")
+def policy() -> Policy:
+    """Return the test policy."""
+    return load_policy(POLICY_YAML)
+
+
+@pytest.fixture(scope="session")
+def quotas() -> QuotaConfig:
+    """Return the test quota config."""
+    return load_quotas(QUOTAS_YAML)
+
+
+def pod(
+    limits: dict[str, Any] | None = None,
+    *,
+    annotations: dict[str, str] | None = None,
+    init: list[dict[str, Any]] | None = None,
+    extra: list[dict[str, Any]] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """Build a pod as the apiserver sends it: requests defaulted from limits."""
+    containers = [container("main", limits or {}), *(extra or [])]
+    body: dict[str, Any] = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": "team-x"},
+        "spec": {"containers": containers, **spec},
+    }
+    if annotations:
+        body["metadata"]["annotations"] = dict(annotations)
+    if init:
+        body["spec"]["initContainers"] = init
+    return body
+
+
+def container(name: str, limits: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """Build a container whose requests equal its limits, as the apiserver defaults them."""
+    resources = {"limits": dict(limits), "requests": dict(limits)} if limits else {}
+    return {"name": name, "image": "registry.invalid/app:1", "resources": resources, **fields}

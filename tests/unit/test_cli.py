@@ -1,0 +1,142 @@
+"""The command line: review and check-config, run as a user would."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from webhook.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+POLICY = ROOT / "examples" / "policy.yaml"
+QUOTAS = ROOT / "examples" / "quotas.yaml"
+
+
+def write_pod(tmp_path: Path, limits: dict[str, str], **metadata: str) -> Path:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", **metadata},
+        "spec": {"containers": [{"name": "main", "image": "x", "resources": {"limits": limits}}]},
+    }
+    path = tmp_path / "pod.yaml"
+    path.write_text(yaml.safe_dump(pod))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("limits", "resources"),
+    [
+        pytest.param(
+            {"gpuadm.io/a100": "0.5"},
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50", "nvidia.com/gpumem": "40960"},
+            id="hami-share",
+        ),
+        pytest.param(
+            {"gpuadm.io/t4-memory": "4Gi"},
+            {"tencent.com/vcuda-core": "25", "tencent.com/vcuda-memory": "16"},
+            id="gpu-manager-memory",
+        ),
+        pytest.param({"gpuadm.io/h100": "2"}, {"nvidia.com/gpu": "2"}, id="nvidia-whole"),
+        pytest.param(
+            {"gpuadm.io/a100-mig": "0.5"}, {"nvidia.com/mig-3g.40gb": "1"}, id="mig-share"
+        ),
+        pytest.param(
+            {"nvidia.com/gpu": "1"}, {"tencent.com/vcuda-core": "100"}, id="untyped-default-class"
+        ),
+    ],
+)
+def test_review_prints_the_stored_pod_as_json(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    limits: dict[str, str],
+    resources: dict[str, str],
+) -> None:
+    path = write_pod(tmp_path, limits)
+    code = main(
+        ["review", str(path), "--policy", str(POLICY), "--quotas", str(QUOTAS), "-o", "json"]
+    )
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert result["allowed"] is True
+    stored = result["pod"]["spec"]["containers"][0]["resources"]
+    assert stored["limits"] == resources
+    assert stored["requests"] == resources
+
+
+def test_review_text_shows_verdict_demand_and_patch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_pod(tmp_path, {"gpuadm.io/t4": "0.1"}, namespace="team-b")
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: allowed (namespace team-b)" in out
+    assert "demand: t4=0.109375" in out
+    assert 'warning: container "main": a share of 0.1 of t4 rounded up' in out
+    assert "path: /spec/containers/0/resources" in out
+
+
+def test_review_of_an_invalid_pod_exits_1_with_the_reason(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_pod(tmp_path, {"gpuadm.io/h100": "0.5"})
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 1
+    out = capsys.readouterr().out
+    assert "verdict: denied" in out
+    assert "backend nvidia gives whole GPUs only" in out
+
+
+def test_review_of_a_non_pod_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "deploy.yaml"
+    path.write_text("kind: Deployment\n")
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 2
+    assert "is not a Pod manifest" in capsys.readouterr().err
+
+
+def test_review_with_a_bad_policy_names_file_and_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "policy.yaml"
+    bad.write_text("classes:\n  a:\n    backend: hami\n    memory: lots\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["review", str(write_pod(tmp_path, {})), "--policy", str(bad)])
+    assert exit_.value.code == 2
+    assert f"{bad}:4: classes.a.memory: 'lots' is not a quantity" in capsys.readouterr().err
+
+
+def test_check_config_accepts_the_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(POLICY), str(QUOTAS)]) == 0
+    assert "ok: 1 policy and 1 quota config(s) are valid" in capsys.readouterr().out
+
+
+def test_check_config_reads_configmaps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    configmap = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "gpuadm-quotas"},
+        "data": {"quotas.yaml": "namespaces:\n  team-a:\n    a100: -2\n"},
+    }
+    path = tmp_path / "cm.yaml"
+    path.write_text(yaml.safe_dump(configmap))
+    assert main(["check-config", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert f"{path}[quotas.yaml]:3: namespaces.team-a.a100: -2 is negative" in out
+
+
+def test_check_config_reports_quota_classes_missing_from_the_policy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("namespaces:\n  team-a:\n    b200: 1\n")
+    assert main(["check-config", str(POLICY), str(quotas)]) == 1
+    assert "namespaces.team-a.b200: no such class in the policy" in capsys.readouterr().out
+
+
+def test_check_config_of_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(tmp_path / "nope.yaml")]) == 1
+    assert "No such file" in capsys.readouterr().out

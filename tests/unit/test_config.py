@@ -1,0 +1,160 @@
+"""Policy and quota configs: what loads, and errors that give line, field and value."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+
+from policies import ConfigError, Policy, load_policy, load_quotas
+from policies.classes import HamiClass, MigClass
+
+
+def problems_of(loader: object, text: str) -> list[str]:
+    with pytest.raises(ConfigError) as error:
+        loader(text)  # type: ignore[operator]
+    return error.value.problems
+
+
+def test_spec_example_policy_loads(policy: Policy) -> None:
+    assert set(policy.classes) == {"a100", "t4", "h100", "a100-mig", "v100", "l4", "a10"}
+    a100 = policy.classes["a100"]
+    assert isinstance(a100, HamiClass)
+    assert a100.memory == 80 * 2**30
+    assert a100.scheduler == "hami-scheduler"
+    mig = policy.classes["a100-mig"]
+    assert isinstance(mig, MigClass)
+    assert mig.profile_share("1g.10gb") == Fraction(1, 7)
+
+
+def test_the_bundled_example_is_valid() -> None:
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    policy = load_policy((root / "examples/policy.yaml").read_text())
+    quotas = load_quotas((root / "examples/quotas.yaml").read_text())
+    assert quotas.unknown_classes(policy) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "classes:\n  a:\n    backend: hami\n",
+            "policy.yaml:3: classes.a: backend hami needs `memory`",
+            id="hami-share-needs-memory",
+        ),
+        pytest.param(
+            "classes:\n  a:\n    backend: gpu-manager\n    memory: lots\n",
+            "policy.yaml:4: classes.a.memory: 'lots' is not a quantity",
+            id="memory-not-a-quantity",
+        ),
+        pytest.param(
+            "classes:\n  a:\n    backend: cuda\n",
+            "policy.yaml:3: classes.a: Input tag 'cuda'",
+            id="unknown-backend",
+        ),
+        pytest.param(
+            "classes:\n  a:\n    backend: nvidia\n    nodeSelecter: {}\n",
+            "policy.yaml:4: classes.a.nodeSelecter: Extra inputs are not permitted",
+            id="misspelt-key",
+        ),
+        pytest.param(
+            "defaultClass: b\nclasses:\n  a:\n    backend: nvidia\n",
+            "defaultClass 'b' is not a class",
+            id="default-class-unknown",
+        ),
+        pytest.param(
+            "classes:\n  A_100:\n    backend: nvidia\n",
+            "class name 'A_100' must be lowercase",
+            id="class-name-invalid",
+        ),
+        pytest.param(
+            "classes:\n  a-memory:\n    backend: nvidia\n",
+            "must not end in '-memory'",
+            id="class-name-clashes-with-memory-key",
+        ),
+        pytest.param("classes: {}\n", "define at least one GPU class", id="no-classes"),
+        pytest.param(
+            "domain: Not_A_Domain\nclasses:\n  a:\n    backend: nvidia\n",
+            "policy.yaml:1: domain: 'Not_A_Domain' is not a DNS subdomain",
+            id="bad-domain",
+        ),
+        pytest.param(
+            "classes:\n  a:\n    backend: mig\n    memory: 80Gi\n    profiles: {}\n",
+            "backend mig needs at least one profile",
+            id="mig-without-profiles",
+        ),
+        pytest.param(
+            "classes:\n  a:\n    backend: mig\n    memory: 80Gi\n    wholeProfile: 7g\n"
+            "    profiles: {1g.10gb: 10Gi}\n",
+            "wholeProfile '7g' is not one of the profiles",
+            id="mig-unknown-whole-profile",
+        ),
+        pytest.param(
+            "classes:\n  a10:\n    backend: hami\n    memory: 24Gi\n    gpuTypes: [A10]\n"
+            "  a100:\n    backend: hami\n    memory: 80Gi\n    gpuTypes: [A100]\n",
+            "HAMi GPU type 'A10' is a substring of 'A100'",
+            id="hami-type-matches-too-much",
+        ),
+        pytest.param("classes: [\n", "policy.yaml:2: not valid YAML", id="broken-yaml"),
+        pytest.param("- a\n- b\n", "expected a mapping at the top level", id="not-a-mapping"),
+    ],
+)
+def test_policy_errors_name_line_field_and_value(text: str, expected: str) -> None:
+    problems = problems_of(load_policy, text)
+    assert any(expected in problem for problem in problems), problems
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        pytest.param(
+            "mode: strict\n",
+            "quotas.yaml:1: mode: Input should be 'enforce' or 'warn'",
+            id="unknown-mode",
+        ),
+        pytest.param(
+            "namespaces:\n  team-a:\n    a100: -1\n",
+            "quotas.yaml:3: namespaces.team-a.a100: -1 is negative",
+            id="negative-limit",
+        ),
+        pytest.param(
+            "namespaces:\n  team-a:\n    a100: many\n",
+            "namespaces.team-a.a100: 'many' is not a quantity",
+            id="limit-not-a-quantity",
+        ),
+        pytest.param(
+            "default:\n  Bad_Key: 1\n",
+            "'Bad_Key' is neither a class name nor '*'",
+            id="bad-class-key",
+        ),
+    ],
+)
+def test_quota_errors_name_namespace_class_and_value(text: str, expected: str) -> None:
+    problems = problems_of(load_quotas, text)
+    assert any(expected in problem for problem in problems), problems
+
+
+def test_quota_limits_and_default_class(quotas: object) -> None:
+    from policies import QuotaConfig
+
+    assert isinstance(quotas, QuotaConfig)
+    assert quotas.limits_for("team-a") == {"a100": 4, "*": 5}
+    assert quotas.limits_for("elsewhere") == {"t4": 1}
+    assert quotas.default_class_for("team-a") == "a100"
+    assert quotas.default_class_for("elsewhere") is None
+
+
+def test_quota_for_unknown_class_is_reported(policy: Policy) -> None:
+    quotas = load_quotas("namespaces:\n  team-a:\n    b200: 1\n    defaultClass: b300\n")
+    assert quotas.unknown_classes(policy) == [
+        "namespaces.team-a.b200: no such class in the policy",
+        "namespaces.team-a.defaultClass: 'b300' is not a class in the policy",
+    ]
+
+
+def test_empty_quota_file_means_no_quotas() -> None:
+    quotas = load_quotas("")
+    assert quotas.mode == "enforce"
+    assert quotas.limits_for("any") == {}

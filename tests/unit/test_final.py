@@ -1,0 +1,98 @@
+"""The validating side: a stored pod must be a fixed point of the rewrite; updates keep D/*."""
+
+from __future__ import annotations
+
+import copy
+import re
+
+import jsonpatch
+import pytest
+
+from policies import Denial, Policy, check_final, check_update, plan
+from tests.unit.conftest import pod
+
+
+def mutated(policy: Policy, limits: dict[str, str]) -> dict:
+    body = pod(limits)
+    return jsonpatch.apply_patch(body, plan(body, policy).patch)
+
+
+def test_a_mutated_pod_passes(policy: Policy) -> None:
+    result = check_final(mutated(policy, {"gpuadm.io/a100": "0.5"}), policy)
+    assert result.class_name == "a100"
+    assert result.demand == "a100=0.5"
+
+
+def test_a_pod_without_gpus_passes(policy: Policy) -> None:
+    assert check_final(pod({"cpu": "1"}), policy).class_name is None
+
+
+@pytest.mark.parametrize(
+    ("limits", "where"),
+    [
+        pytest.param({"gpuadm.io/a100": "1"}, "/spec/containers/0/resources", id="class-key-left"),
+        pytest.param(
+            {"nvidia.com/gpu": "1"}, "/metadata/annotations", id="untyped-never-rewritten"
+        ),
+    ],
+)
+def test_a_gpu_pod_the_mutating_webhook_never_saw_is_sent_back(
+    policy: Policy, limits: dict[str, str], where: str
+) -> None:
+    with pytest.raises(Denial) as denial:
+        check_final(pod(limits), policy)
+    assert "not processed by gpuadm's mutating webhook" in denial.value.message
+    assert "retry" in denial.value.message
+    assert where in denial.value.message
+
+
+def test_forged_annotations_do_not_pass_for_a_rewrite(policy: Policy) -> None:
+    body = mutated(policy, {"gpuadm.io/t4": "0.5"})
+    body["metadata"]["annotations"]["gpuadm.io/demand"] = "t4=0.01"
+    with pytest.raises(Denial, match="not processed"):
+        check_final(body, policy)
+
+
+def test_backend_resources_changed_after_mutation_are_caught(policy: Policy) -> None:
+    body = mutated(policy, {"gpuadm.io/a100": "0.5"})
+    for side in ("limits", "requests"):
+        body["spec"]["containers"][0]["resources"][side]["nvidia.com/gpumem"] = "81920"
+    # The pod now holds all the memory of a GPU; its demand annotation must follow.
+    with pytest.raises(Denial, match=re.escape("/metadata/annotations/gpuadm.io~1demand")):
+        check_final(body, policy)
+
+
+def test_an_invalid_pod_gets_the_rule_not_the_retry_message(policy: Policy) -> None:
+    with pytest.raises(Denial, match="is neither a whole number"):
+        check_final(pod({"gpuadm.io/a100": "1.5"}), policy)
+
+
+@pytest.mark.parametrize(
+    ("field", "change"),
+    [
+        pytest.param("labels", lambda m: m.pop("gpuadm.io/class"), id="label-removed"),
+        pytest.param("labels", lambda m: m.update({"gpuadm.io/class": "h100"}), id="label-changed"),
+        pytest.param(
+            "annotations",
+            lambda m: m.update({"gpuadm.io/demand": "a100=0"}),
+            id="annotation-changed",
+        ),
+        pytest.param(
+            "annotations", lambda m: m.update({"gpuadm.io/extra": "x"}), id="annotation-added"
+        ),
+    ],
+)
+def test_updates_to_gpuadm_keys_are_denied(policy: Policy, field: str, change: object) -> None:
+    old = mutated(policy, {"gpuadm.io/a100": "1"})
+    new = copy.deepcopy(old)
+    change(new["metadata"][field])  # type: ignore[operator]
+    with pytest.raises(Denial, match="may be set by gpuadm only"):
+        check_update(old, new, policy)
+
+
+def test_updates_to_other_keys_are_allowed(policy: Policy) -> None:
+    old = mutated(policy, {"gpuadm.io/a100": "1"})
+    new = copy.deepcopy(old)
+    new["metadata"]["labels"]["app"] = "train"
+    new["metadata"]["annotations"]["note"] = "hi"
+    check_update(old, new, policy)

@@ -1,0 +1,176 @@
+"""`gpuadm serve` as its own process: HTTPS with its own certificate, and live config files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.unit.conftest import pod
+from tests.unit.test_server import review
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class Server:
+    """A `gpuadm serve` subprocess on a loopback port."""
+
+    def __init__(self, tmp_path: Path, policy: Path, quotas: Path) -> None:
+        self.port = free_port()
+        self.tls_dir = tmp_path / "tls"
+        self.log = (tmp_path / "serve.log").open("w")
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "webhook.cli",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--tls-dir",
+                str(self.tls_dir),
+                "--policy",
+                str(policy),
+                "--quotas",
+                str(quotas),
+            ],
+            cwd=ROOT,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        self._wait_until_listening()
+        self.ssl = ssl.create_default_context(cafile=self.tls_dir / "ca.crt")
+
+    def _wait_until_listening(self) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise AssertionError(f"gpuadm serve exited: {Path(self.log.name).read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise AssertionError("gpuadm serve did not listen within 30 s")
+
+    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        async def call() -> tuple[int, dict[str, Any]]:
+            async with aiohttp.ClientSession() as session:
+                url = f"https://localhost:{self.port}{path}"
+                async with session.post(url, json=body, ssl=self.ssl) as response:
+                    return response.status, await response.json()
+
+        return asyncio.run(call())
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture
+def config_files(tmp_path: Path) -> tuple[Path, Path]:
+    policy = tmp_path / "policy.yaml"
+    quotas = tmp_path / "quotas.yaml"
+    policy.write_text((ROOT / "examples" / "policy.yaml").read_text())
+    quotas.write_text((ROOT / "examples" / "quotas.yaml").read_text())
+    return policy, quotas
+
+
+@pytest.fixture
+def server(tmp_path: Path, config_files: tuple[Path, Path]) -> Iterator[Server]:
+    running = Server(tmp_path, *config_files)
+    yield running
+    running.stop()
+
+
+def test_serves_a_real_review_over_https_with_its_own_certificate(server: Server) -> None:
+    status, answer = server.post("/mutate", review(pod({"gpuadm.io/h100": "1"})))
+    assert status == 200
+    assert answer["response"]["allowed"] is True
+    assert answer["response"]["patchType"] == "JSONPatch"
+
+
+def test_config_edits_apply_live_and_bad_edits_keep_the_last_good_one(
+    server: Server, config_files: tuple[Path, Path]
+) -> None:
+    policy, _ = config_files
+    body = review(pod({"gpuadm.io/b200": "1"}))
+    assert "names no GPU class" in server.post("/mutate", body)[1]["response"]["status"]["message"]
+
+    policy.write_text(policy.read_text() + "  b200:\n    backend: nvidia\n")
+    assert _eventually(lambda: server.post("/mutate", body)[1]["response"]["allowed"])
+
+    policy.write_text("classes: {b200: {backend: nope}}\n")
+    log = Path(server.log.name)
+    assert _eventually(lambda: "config not reloaded" in log.read_text())
+    assert "Input tag 'nope'" in log.read_text()
+    assert server.post("/mutate", body)[1]["response"]["allowed"] is True
+
+
+def test_refuses_to_start_on_an_invalid_policy(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("classes:\n  a:\n    backend: hami\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "serve", "--policy", str(policy)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert f"{policy}:3: classes.a: backend hami needs `memory`" in result.stderr
+
+
+def _eventually(check: Any, seconds: float = 10) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_review_json_output_is_machine_readable(tmp_path: Path) -> None:
+    path = tmp_path / "pod.json"
+    path.write_text(json.dumps(pod({"gpuadm.io/a100": "0.5"})))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "review",
+            str(path),
+            "--policy",
+            str(ROOT / "examples" / "policy.yaml"),
+            "-o",
+            "json",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["demand"] == "a100=0.5"
