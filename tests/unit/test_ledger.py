@@ -1,0 +1,210 @@
+"""The quota ledger: exact under concurrency, with one replica and with three sharing a store."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import uuid
+from fractions import Fraction
+from typing import Any
+
+import jsonpatch
+import pytest
+
+from policies import check_final, plan
+from tests.unit.conftest import POLICY_YAML, pod
+from webhook.config import ConfigSnapshot, snapshot_from_text
+from webhook.ledger import QuotaLedger
+from webhook.reservations import MemoryStore
+from webhook.review import AdmissionRequest
+from webhook.usage import UsageIndex
+
+QUOTAS = """
+namespaces:
+  team-a: {h100: 10, a100: 1}
+  team-b: {h100: 0}
+  team-w: {h100: 1}
+"""
+ROUNDS = 20
+
+
+@functools.cache
+def config(quotas: str = QUOTAS) -> ConfigSnapshot:
+    return snapshot_from_text(POLICY_YAML, quotas, policy_source="p", quotas_source="q")
+
+
+def stored_pod(limits: dict[str, str], namespace: str = "team-a") -> dict[str, Any]:
+    body = pod(limits)
+    body = jsonpatch.apply_patch(body, plan(body, config().policy).patch)
+    body["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), name=uuid.uuid4().hex[:8])
+    return body
+
+
+def request(body: dict[str, Any], *, dry_run: bool = False) -> AdmissionRequest:
+    return AdmissionRequest(
+        uid=str(uuid.uuid4()),
+        operation="CREATE",
+        namespace=body["metadata"]["namespace"],
+        name=body["metadata"]["name"],
+        object=body,
+        old_object=None,
+        dry_run=dry_run,
+        user="alice",
+        groups=(),
+    )
+
+
+async def admit(ledger: QuotaLedger, body: dict[str, Any], **kwargs: Any) -> bool:
+    snapshot = config(**kwargs)
+    outcome = await ledger.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    return outcome.allowed
+
+
+def ledger(store: MemoryStore | None = None, **kwargs: Any) -> QuotaLedger:
+    return QuotaLedger(UsageIndex(), store or MemoryStore(), pods_visible=True, **kwargs)
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+async def test_fifty_concurrent_creates_against_room_for_ten_admit_exactly_ten(
+    replicas: int,
+) -> None:
+    for _ in range(ROUNDS):
+        store = MemoryStore()
+        ledgers = [ledger(store) for _ in range(replicas)]
+        pods = [stored_pod({"gpuadm.io/h100": "1"}) for _ in range(50)]
+        results = await asyncio.gather(
+            *(admit(ledgers[i % replicas], body) for i, body in enumerate(pods))
+        )
+        assert sum(results) == 10
+        assert store.writes == 10
+        if replicas > 1:
+            assert store.conflicts > 0, "the replicas never raced; the test proves nothing"
+
+
+async def test_ten_shares_of_a_tenth_fill_a_quota_of_one_exactly() -> None:
+    quota = ledger()
+    results = [await admit(quota, stored_pod({"gpuadm.io/a100": "0.1"})) for _ in range(11)]
+    assert results == [True] * 10 + [False]
+
+
+async def test_denial_names_namespace_class_requested_used_and_limit() -> None:
+    quota = ledger()
+    for _ in range(3):
+        assert await admit(quota, stored_pod({"gpuadm.io/h100": "3"}))
+    snapshot = config()
+    body = stored_pod({"gpuadm.io/h100": "2"})
+    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    assert outcome.message == 'namespace "team-a": h100 quota exceeded: requested 2, in use 9 of 10'
+
+
+async def test_a_dry_run_is_judged_but_reserves_nothing() -> None:
+    store = MemoryStore()
+    quota = ledger(store)
+    snapshot = config()
+    for _ in range(3):
+        body = stored_pod({"gpuadm.io/h100": "10"})
+        outcome = await quota.admit(
+            request(body, dry_run=True), check_final(body, snapshot.policy), snapshot
+        )
+        assert outcome.allowed
+    assert store.writes == 0
+    body = stored_pod({"gpuadm.io/h100": "11"})
+    outcome = await quota.admit(
+        request(body, dry_run=True), check_final(body, snapshot.policy), snapshot
+    )
+    assert not outcome.allowed
+
+
+async def test_zero_forbids_and_unlisted_classes_are_unlimited() -> None:
+    quota = ledger()
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}, namespace="team-b"))
+    assert await admit(quota, stored_pod({"gpuadm.io/t4": "8"}, namespace="team-b"))
+
+
+async def test_a_pod_seen_by_the_watch_is_counted_once() -> None:
+    usage = UsageIndex()
+    quota = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    body = stored_pod({"gpuadm.io/h100": "6"})
+    assert await admit(quota, body)
+    snapshot = config()
+    usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    assert quota.in_use("team-a") == {"h100": 6}
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "4"}))
+
+
+async def test_deleting_a_pod_frees_its_room() -> None:
+    usage = UsageIndex()
+    quota = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    snapshot = config()
+    body = stored_pod({"gpuadm.io/h100": "10"})
+    assert await admit(quota, body)
+    usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    usage.forget(body["metadata"]["uid"])
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+
+
+async def test_a_reservation_for_a_pod_never_stored_expires() -> None:
+    now = [1000.0]
+    quota = ledger(clock=lambda: now[0], reservation_ttl=90)
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "10"}))
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    now[0] += 89
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    now[0] += 2
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+
+
+async def test_standalone_reservations_never_expire() -> None:
+    now = [0.0]
+    quota = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, clock=lambda: now[0])
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "10"}))
+    now[0] += 10**6
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+
+
+async def test_warn_mode_admits_over_quota_with_a_warning() -> None:
+    quota = ledger()
+    snapshot = config("mode: warn\n" + QUOTAS)
+    body = stored_pod({"gpuadm.io/h100": "2"}, namespace="team-w")
+    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    assert outcome.allowed
+    assert "enforce would deny" in outcome.warnings[0]
+    assert quota.last_verdict is not None
+    assert quota.last_verdict.would_deny
+
+
+async def test_usage_not_in_sync_fails_closed() -> None:
+    quota = ledger(usage_ready=lambda: False)
+    snapshot = config()
+    body = stored_pod({"gpuadm.io/h100": "1"})
+    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    assert not outcome.allowed
+    assert "retry" in (outcome.message or "")
+
+
+async def test_prune_drops_expired_reservations_from_the_record() -> None:
+    now = [0.0]
+    store = MemoryStore()
+    quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    now[0] = 100
+    await quota.prune("team-a")
+    assert (await store.read("team-a")).reservations == {}
+
+
+def test_usage_index_sums_are_exact_and_drop_terminal_pods() -> None:
+    snapshot = config()
+    usage = UsageIndex()
+    pods = [stored_pod({"gpuadm.io/a100": "0.1"}) for _ in range(10)]
+    for body in pods:
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    assert usage.in_use("team-a") == {"a100": Fraction(1)}
+    pods[0]["status"] = {"phase": "Succeeded"}
+    usage.observe(pods[0], snapshot.policy, snapshot.quotas, now=1)
+    assert usage.in_use("team-a") == {"a100": Fraction(9, 10)}
+    assert usage.seen(pods[0]["metadata"]["uid"])
+    for body in pods[1:]:
+        usage.forget(body["metadata"]["uid"])
+    assert usage.in_use("team-a") == {}
+    assert len(usage) == 0

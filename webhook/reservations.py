@@ -1,0 +1,108 @@
+"""Reservations: pods admitted against quota that the pod watch may not show yet.
+
+A namespace's reservations form one record, written with optimistic concurrency: the write
+names the version it read, and fails with `Conflict` if anyone wrote in between. This is how
+the apiserver's own ResourceQuota admission stays exact across apiserver replicas; here it
+keeps several gpuadm replicas from admitting the same room twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any, Protocol
+
+from policies.quantity import format_amount
+
+
+class Conflict(Exception):
+    """The record changed since it was read; read it again and redo the judgement."""
+
+
+@dataclass(frozen=True, slots=True)
+class Reservation:
+    """One admitted pod's charge, from the moment it was admitted."""
+
+    class_name: str
+    charge: Fraction
+    at: float
+    pod: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the reservation as stored in the record."""
+        return {
+            "class": self.class_name,
+            "charge": format_amount(self.charge),
+            "at": self.at,
+            "pod": self.pod,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Reservation:
+        """Read a reservation back from the record."""
+        return cls(
+            str(data["class"]),
+            Fraction(str(data["charge"])),
+            float(data["at"]),
+            str(data.get("pod", "")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """A namespace's reservations by pod uid, and the version they were read at."""
+
+    reservations: dict[str, Reservation]
+    version: str | None = None
+
+
+EMPTY = Record({})
+
+
+class ReservationStore(Protocol):
+    """Where reservation records live: shared by every replica that may admit pods."""
+
+    async def read(self, namespace: str) -> Record:
+        """Return the namespace's record (empty, with version None, if it has none)."""
+        ...
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        """Replace the record if it is still at `version`; return the new version."""
+        ...
+
+
+class MemoryStore:
+    """An in-process store with the apiserver's resourceVersion semantics.
+
+    One replica's store when gpuadm runs standalone, and the shared store of several ledgers
+    in the tests. Each call yields to the event loop first, as a network call would, so that
+    concurrent admissions really interleave between read and write.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, Record] = {}
+        self._next_version = 1
+        self.writes = 0
+        self.conflicts = 0
+
+    async def read(self, namespace: str) -> Record:
+        """Return the namespace's record."""
+        await asyncio.sleep(0)
+        return self._records.get(namespace, EMPTY)
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        """Replace the record if it is still at `version`."""
+        await asyncio.sleep(0)
+        if self._records.get(namespace, EMPTY).version != version:
+            self.conflicts += 1
+            raise Conflict(namespace)
+        new_version = str(self._next_version)
+        self._next_version += 1
+        self._records[namespace] = Record(dict(reservations), new_version)
+        self.writes += 1
+        return new_version
