@@ -7,14 +7,19 @@ from aiohttp import web
 from webhook import http
 from webhook.config import ConfigHolder
 from webhook.files import watch_files
-from webhook.keys import CONFIG, QUOTA, READINESS, SETTINGS
+from webhook.keys import CONFIG, METRICS, QUOTA, READINESS, SETTINGS
+from webhook.metrics import Metrics
 from webhook.quota import QuotaGate, Unlimited
 from webhook.settings import Settings
 from webhook.tls import reload_certificates
 
 
 def create_app(
-    settings: Settings, config: ConfigHolder, *, quota: QuotaGate | None = None
+    settings: Settings,
+    config: ConfigHolder,
+    *,
+    quota: QuotaGate | None = None,
+    metrics: Metrics | None = None,
 ) -> web.Application:
     """Build the webhook application: routes, state and background work."""
     # One byte over the review limit lets the edge tell "too large" apart from a body that
@@ -23,11 +28,13 @@ def create_app(
     app[SETTINGS] = settings
     app[CONFIG] = config
     app[QUOTA] = quota if quota is not None else Unlimited()
-    app[READINESS] = []
+    app[METRICS] = metrics if metrics is not None else Metrics()
+    app[READINESS] = [lambda: None if config.loaded else "no valid config loaded"]
     app.router.add_post("/mutate", http.handle_mutate)
     app.router.add_post("/validate", http.handle_validate)
     app.router.add_get("/healthz", http.handle_healthz)
     app.router.add_get("/readyz", http.handle_readyz)
+    app.router.add_get("/metrics", http.handle_metrics)
     app.cleanup_ctx.append(watch_files)
     app.cleanup_ctx.append(reload_certificates)
     return app

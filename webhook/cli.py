@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -28,11 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="where a self-signed certificate is written when --cert-file is not given "
         "(default: a new temporary directory)",
     )
-    _config_arguments(serve, required=True)
+    _config_arguments(serve, required=False)
+    serve.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", "gpuadm-system"),
+        help="gpuadm's namespace, where its ConfigMaps and usage records live "
+        "(default: $POD_NAMESPACE, else gpuadm-system)",
+    )
+    serve.add_argument(
+        "--kubeconfig",
+        help="kubeconfig to reach the cluster (default: in-cluster service account, "
+        "else $KUBECONFIG or ~/.kube/config); ignored when --policy is given",
+    )
     serve.add_argument(
         "--trusted-user",
-        default="system:serviceaccount:gpuadm-system:gpuadm",
-        help="the only user allowed to change gpuadm's labels and annotations on a pod",
+        help="the only user allowed to change gpuadm's labels and annotations on a pod "
+        "(default: system:serviceaccount:<namespace>:gpuadm)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
@@ -48,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _config_arguments(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    parser.add_argument("--policy", type=Path, required=required, help="policy.yaml")
+    standalone = "" if required else "; given, gpuadm runs standalone on files, else in a cluster"
+    parser.add_argument("--policy", type=Path, required=required, help="policy.yaml" + standalone)
     parser.add_argument("--quotas", type=Path, help="quotas.yaml (default: no quotas)")
 
 

@@ -28,12 +28,17 @@ from certs import (
 from policies import ConfigError, load_policy, load_quotas
 from webhook import admission
 from webhook.app import create_app
+from webhook.cluster import ClusterState
 from webhook.config import ConfigHolder, ConfigSnapshot
 from webhook.files import read_snapshot
 from webhook.keys import TLS_RELOADER
-from webhook.quota import Unlimited
+from webhook.kube import connect
+from webhook.ledger import QuotaLedger
+from webhook.metrics import Metrics
+from webhook.reservations import MemoryStore
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
+from webhook.usage import UsageIndex
 
 log = logging.getLogger("gpuadm")
 
@@ -92,8 +97,10 @@ async def _review(pod: dict[str, Any], namespace: str, config: ConfigSnapshot) -
     if not result["allowed"]:
         return result
     stored = jsonpatch.apply_patch(pod, mutated.patch) if mutated.patch else pod
+    # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
+    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
     validated = await admission.validate(
-        _request(stored, namespace), config, Unlimited(), trusted_user=""
+        _request(stored, namespace), config, ledger, trusted_user=""
     )
     result.update(
         allowed=validated.outcome != "denied",
@@ -198,7 +205,6 @@ def serve_forever(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
     )
-    config = load_config(args.policy, args.quotas)
     cert_file, key_file = args.cert_file, args.key_file
     if (cert_file is None) != (key_file is None):
         return _fail("give --cert-file and --key-file together")
@@ -211,10 +217,11 @@ def serve_forever(args: argparse.Namespace) -> int:
         key_file=key_file,
         policy_file=args.policy,
         quotas_file=args.quotas,
-        trusted_user=args.trusted_user,
+        namespace=args.namespace,
+        trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
     )
     _use_fast_loop()
-    app = create_app(settings, ConfigHolder(config))
+    app = _standalone_app(settings) if args.policy else _cluster_app(settings, args.kubeconfig)
     ssl_context = server_ssl_context(cert_file, key_file)
     app[TLS_RELOADER] = CertificateReloader(ssl_context, cert_file, key_file)
     log.info("serving on https://%s:%d", settings.host, settings.port)
@@ -227,6 +234,27 @@ def serve_forever(args: argparse.Namespace) -> int:
         access_log=None,
     )
     return EXIT_OK
+
+
+def _standalone_app(settings: Settings) -> web.Application:
+    """Serve from files, with an in-memory ledger of what this process admitted."""
+    assert settings.policy_file is not None
+    holder = ConfigHolder(load_config(settings.policy_file, settings.quotas_file))
+    metrics = Metrics()
+    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
+    log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
+    return create_app(settings, holder, quota=ledger, metrics=metrics)
+
+
+def _cluster_app(settings: Settings, kubeconfig: str | None) -> web.Application:
+    """Serve from the cluster: ConfigMaps, the pod watch and shared usage records."""
+    holder = ConfigHolder()
+    metrics = Metrics()
+    state = ClusterState(connect(kubeconfig), settings.namespace, holder, metrics)
+    app = create_app(settings, holder, quota=state.ledger, metrics=metrics)
+    state.attach(app)
+    log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
+    return app
 
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:

@@ -32,15 +32,26 @@ def snapshot_from_text(
     return ConfigSnapshot(policy, quotas, revision_of(policy_text), revision_of(quotas_text))
 
 
+class NoConfig(Exception):
+    """No valid config has been loaded yet (in a cluster: the ConfigMaps are missing or bad)."""
+
+
 class ConfigHolder:
     """Holds the snapshot in force; readers take `current` once per request."""
 
-    def __init__(self, snapshot: ConfigSnapshot) -> None:
+    def __init__(self, snapshot: ConfigSnapshot | None = None) -> None:
         self._snapshot = snapshot
 
     @property
+    def loaded(self) -> bool:
+        """Tell whether a valid config is in force."""
+        return self._snapshot is not None
+
+    @property
     def current(self) -> ConfigSnapshot:
-        """Return the snapshot in force."""
+        """Return the snapshot in force, or raise `NoConfig`."""
+        if self._snapshot is None:
+            raise NoConfig("gpuadm has not loaded a valid policy yet")
         return self._snapshot
 
     def replace(self, snapshot: ConfigSnapshot) -> None:

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 
@@ -18,7 +19,9 @@ from aiohttp import web
 
 from webhook import admission, response
 from webhook.admission import Decision
-from webhook.keys import CONFIG, QUOTA, READINESS, SETTINGS
+from webhook.config import NoConfig
+from webhook.keys import CONFIG, METRICS, QUOTA, READINESS, SETTINGS
+from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, BadReview, decode_review
 
 log = logging.getLogger("gpuadm.http")
@@ -39,30 +42,37 @@ async def _validate(request: web.Request, review: AdmissionRequest) -> Decision:
 
 async def handle_mutate(request: web.Request) -> web.Response:
     """POST /mutate."""
-    return await _serve_review(request, _mutate)
+    return await _serve_review(request, "mutate", _mutate)
 
 
 async def handle_validate(request: web.Request) -> web.Response:
     """POST /validate."""
-    return await _serve_review(request, _validate)
+    return await _serve_review(request, "validate", _validate)
 
 
-async def _serve_review(request: web.Request, decide: Decide) -> web.Response:
+async def _serve_review(request: web.Request, endpoint: str, decide: Decide) -> web.Response:
+    started = time.perf_counter()
+    metrics = request.app[METRICS]
     try:
         body = await _read_review_body(request)
         review = decode_review(body)
     except BadReview as error:
-        return _bad_request(400, error.reason)
+        return _bad_request(metrics, endpoint, 400, error.reason)
     except web.HTTPException as error:
-        return _bad_request(error.status, error.text or error.reason)
+        return _bad_request(metrics, endpoint, error.status, error.text or error.reason)
     try:
         decision = await decide(request, review)
+        answer, outcome = decision.review, decision.outcome
+    except NoConfig as error:
+        answer, outcome = response.errored(review.uid, f"{error}; retry", code=503), "error"
     except Exception:
         incident = uuid.uuid4().hex[:12]
         log.exception("admission of %s failed (incident %s)", review.uid, incident)
         message = f"gpuadm failed to judge this request (incident {incident}); retry"
-        return _json(200, response.errored(review.uid, message))
-    return _json(200, decision.review)
+        answer, outcome = response.errored(review.uid, message), "error"
+    metrics.requests.labels(endpoint, review.operation, outcome).inc()
+    metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+    return _json(200, answer)
 
 
 async def _read_review_body(request: web.Request) -> bytes:
@@ -85,8 +95,9 @@ async def _read_review_body(request: web.Request) -> bytes:
         ) from None
 
 
-def _bad_request(status: int, reason: str) -> web.Response:
-    log.warning("refused a request with HTTP %d: %s", status, reason)
+def _bad_request(metrics: Metrics, endpoint: str, status: int, reason: str) -> web.Response:
+    log.warning("refused a request to /%s with HTTP %d: %s", endpoint, status, reason)
+    metrics.bad_requests.labels(endpoint, str(status)).inc()
     return _json(status, {"error": reason})
 
 
@@ -105,3 +116,9 @@ async def handle_readyz(request: web.Request) -> web.Response:
     if reasons:
         return web.Response(status=503, text="not ready: " + "; ".join(reasons))
     return web.Response(text="ok")
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    """GET /metrics: Prometheus text format."""
+    body = request.app[METRICS].exposition()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8")

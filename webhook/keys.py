@@ -8,6 +8,7 @@ from aiohttp import web
 
 from certs import CertificateReloader
 from webhook.config import ConfigHolder
+from webhook.metrics import Metrics
 from webhook.quota import QuotaGate
 from webhook.settings import Settings
 
@@ -16,4 +17,5 @@ CONFIG = web.AppKey("config", ConfigHolder)
 QUOTA = web.AppKey("quota", QuotaGate)
 # Each check returns None when ready, else the reason it is not.
 READINESS = web.AppKey("readiness", list[Callable[[], str | None]])
+METRICS = web.AppKey("metrics", Metrics)
 TLS_RELOADER = web.AppKey("tls_reloader", CertificateReloader)

@@ -29,6 +29,7 @@ from policies import Plan
 from policies.judge import QuotaVerdict, judge
 from policies.quotas import ALL_CLASSES
 from webhook.config import ConfigSnapshot
+from webhook.metrics import Metrics
 from webhook.quota import ADMITTED, QuotaOutcome
 from webhook.reservations import Conflict, Record, Reservation, ReservationStore
 from webhook.review import AdmissionRequest
@@ -54,6 +55,7 @@ class QuotaLedger:
         usage_ready: Callable[[], bool] = lambda: True,
         clock: Callable[[], float] = time.time,
         reservation_ttl: float = RESERVATION_TTL,
+        metrics: Metrics | None = None,
     ) -> None:
         """Build a ledger; with `pods_visible` False (standalone) reservations never expire."""
         self.usage = usage
@@ -62,6 +64,7 @@ class QuotaLedger:
         self.usage_ready = usage_ready
         self.clock = clock
         self.reservation_ttl = reservation_ttl
+        self.metrics = metrics
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._records: dict[str, Record] = {}
         self.conflicts = 0
@@ -85,6 +88,8 @@ class QuotaLedger:
                     return await self._attempt(request, plan, config, limits)
                 except Conflict:
                     self.conflicts += 1
+                    if self.metrics is not None:
+                        self.metrics.record_conflicts.inc()
                     self._records.pop(namespace, None)
         return QuotaOutcome(
             False, f'the quota record of namespace "{namespace}" is busy; retry the request'
@@ -113,6 +118,7 @@ class QuotaLedger:
             mode=config.quotas.mode,
         )
         self.last_verdict = verdict
+        self._export(namespace, plan.class_name, verdict.in_use, limits)
         if not verdict.allowed:
             return QuotaOutcome(False, verdict.message, verdict.warnings)
         if request.dry_run:
@@ -121,6 +127,15 @@ class QuotaLedger:
         version = await self.store.write(namespace, kept, record.version)
         self._records[namespace] = Record(kept, version)
         return QuotaOutcome(True, verdict.message, verdict.warnings)
+
+    def _export(
+        self, namespace: str, class_name: str, used: Fraction, limits: Mapping[str, Fraction]
+    ) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.quota_in_use.labels(namespace, class_name).set(float(used))
+        if class_name in limits:
+            self.metrics.quota_limit.labels(namespace, class_name).set(float(limits[class_name]))
 
     def in_use(self, namespace: str) -> dict[str, Fraction]:
         """Return what a namespace holds now, pods and cached reservations together."""
@@ -148,6 +163,10 @@ class QuotaLedger:
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )
         return totals
+
+    def namespaces(self) -> list[str]:
+        """Return the namespaces whose records this replica has written."""
+        return list(self._records)
 
     async def prune(self, namespace: str) -> None:
         """Drop expired reservations from a namespace's record, so records stay small."""

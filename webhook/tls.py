@@ -9,7 +9,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from certs import CertificateReloader
-from webhook.keys import SETTINGS, TLS_RELOADER
+from webhook.keys import METRICS, SETTINGS, TLS_RELOADER
+from webhook.metrics import Metrics
 
 log = logging.getLogger("gpuadm.tls")
 
@@ -20,17 +21,20 @@ async def reload_certificates(app: web.Application) -> AsyncIterator[None]:
     if reloader is None:
         yield
         return
-    task = asyncio.create_task(_poll(reloader, app[SETTINGS].reload_seconds))
+    metrics = app[METRICS]
+    metrics.certificate_expiry.set(reloader.not_after.timestamp())
+    task = asyncio.create_task(_poll(reloader, metrics, app[SETTINGS].reload_seconds))
     yield
     task.cancel()
 
 
-async def _poll(reloader: CertificateReloader, every: float) -> None:
+async def _poll(reloader: CertificateReloader, metrics: Metrics, every: float) -> None:
     reported = None
     while True:
         await asyncio.sleep(every)
         if reloader.check():
             log.info("serving a new certificate, valid until %s", reloader.not_after.isoformat())
+            metrics.certificate_expiry.set(reloader.not_after.timestamp())
         if reloader.last_error != reported:
             reported = reloader.last_error
             if reported:

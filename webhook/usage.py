@@ -62,7 +62,7 @@ class UsageIndex:
         if not uid:
             return
         self._seen_at.setdefault(uid, now)
-        holding = _holding(pod, policy, quotas)
+        holding = holding_of(pod, policy, quotas)
         if holding is None:
             self.forget(uid)
             return
@@ -80,10 +80,18 @@ class UsageIndex:
         if previous is not None:
             self._add(previous, -previous.charge)
 
-    def clear(self) -> None:
-        """Forget everything, before a full re-list."""
-        self._pods.clear()
-        self._sums.clear()
+    def replace_all(self, holdings: Mapping[str, Holding], *, now: float) -> None:
+        """Put a full re-list in force at once, so no judgement sees a half-filled index."""
+        sums: dict[str, dict[str, Fraction]] = {}
+        for holding in holdings.values():
+            classes = sums.setdefault(holding.namespace, {})
+            classes[holding.class_name] = classes.get(holding.class_name, Fraction(0)) + (
+                holding.charge
+            )
+        self._pods = dict(holdings)
+        self._sums = sums
+        for uid in holdings:
+            self._seen_at.setdefault(uid, now)
 
     def _add(self, holding: Holding, amount: Fraction) -> None:
         classes = self._sums.setdefault(holding.namespace, {})
@@ -96,8 +104,11 @@ class UsageIndex:
                 del self._sums[holding.namespace]
 
 
-def _holding(pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig) -> Holding | None:
-    """Return what a pod holds, charged from its resources alone, or None."""
+def holding_of(pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig) -> Holding | None:
+    """Return what a pod holds, charged from its resources alone, or None.
+
+    Pure, so a re-list can compute holdings off the event loop.
+    """
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return None
     metadata = pod.get("metadata") or {}

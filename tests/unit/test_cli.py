@@ -140,3 +140,12 @@ def test_check_config_reports_quota_classes_missing_from_the_policy(
 def test_check_config_of_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check-config", str(tmp_path / "nope.yaml")]) == 1
     assert "No such file" in capsys.readouterr().out
+
+
+def test_review_judges_the_pod_against_the_namespace_quota(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_pod(tmp_path, {"gpuadm.io/a100": "5"}, namespace="team-a")
+    assert main(["review", str(path), "--policy", str(POLICY), "--quotas", str(QUOTAS)]) == 1
+    out = capsys.readouterr().out
+    assert 'namespace "team-a": a100 quota exceeded: requested 5, in use 0 of 4' in out

@@ -1,0 +1,95 @@
+"""Prometheus metrics, in a registry of the application's own (no process-wide globals)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.exposition import generate_latest
+
+# Most answers take well under a millisecond, so the buckets start at 100 µs.
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+)
+
+
+class Metrics:
+    """Every metric gpuadm exports."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "gpuadm_admission_requests",
+            "Admission reviews answered.",
+            ["endpoint", "operation", "decision"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "gpuadm_admission_duration_seconds",
+            "Time to answer an admission review.",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.bad_requests = Counter(
+            "gpuadm_bad_requests",
+            "Requests refused with an HTTP 4xx before admission.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.quota_in_use = Gauge(
+            "gpuadm_quota_in_use_gpus",
+            "GPUs a namespace holds of a class, at its last judgement.",
+            ["namespace", "gpu_class"],
+            registry=r,
+        )
+        self.quota_limit = Gauge(
+            "gpuadm_quota_limit_gpus",
+            "Quota limit of a namespace for a class.",
+            ["namespace", "gpu_class"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "gpuadm_config_reloads",
+            "Config loads by source and result (applied or rejected).",
+            ["config", "result"],
+            registry=r,
+        )
+        self.config_valid = Gauge(
+            "gpuadm_config_valid",
+            "1 if the latest version of a config source is valid, else 0 "
+            "(the last valid one stays in force).",
+            ["config"],
+            registry=r,
+        )
+        self.record_conflicts = Counter(
+            "gpuadm_quota_record_conflicts",
+            "Usage-record writes that lost a race and were retried.",
+            registry=r,
+        )
+        self.tracked_pods = Gauge(
+            "gpuadm_tracked_gpu_pods",
+            "GPU pods in the usage index.",
+            registry=r,
+        )
+        self.certificate_expiry = Gauge(
+            "gpuadm_certificate_expiry_timestamp_seconds",
+            "When the served certificate expires (Unix time).",
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """Return the text format Prometheus scrapes."""
+        return generate_latest(self.registry)
