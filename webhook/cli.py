@@ -47,6 +47,26 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: system:serviceaccount:<namespace>:gpuadm)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="operational log format on stderr (default json)",
+    )
+    serve.add_argument(
+        "--audit-log",
+        default="-",
+        help="where audit records go: - for stdout (default), else a file rotated by size",
+    )
+    serve.add_argument(
+        "--audit-max-bytes",
+        type=int,
+        default=100 * 1024 * 1024,
+        help="rotate the audit file at this size (default 100 MiB)",
+    )
+    serve.add_argument(
+        "--audit-backups", type=int, default=5, help="rotated audit files to keep (default 5)"
+    )
 
     review = sub.add_parser("review", help="show offline what gpuadm would do to a pod")
     review.add_argument("pod", type=Path, help="a Pod manifest (YAML or JSON); - for stdin")

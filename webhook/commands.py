@@ -26,8 +26,9 @@ from certs import (
     write_tls_dir,
 )
 from policies import ConfigError, load_policy, load_quotas
-from webhook import admission
+from webhook import admission, logs
 from webhook.app import create_app
+from webhook.audit import AuditLog
 from webhook.cluster import ClusterState
 from webhook.config import ConfigHolder, ConfigSnapshot
 from webhook.files import read_snapshot
@@ -202,9 +203,7 @@ def _is_policy(key: str, text: str) -> bool:
 
 def serve_forever(args: argparse.Namespace) -> int:
     """Serve the webhook over HTTPS until interrupted."""
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    logs.configure(args.log_level, args.log_format)
     cert_file, key_file = args.cert_file, args.key_file
     if (cert_file is None) != (key_file is None):
         return _fail("give --cert-file and --key-file together")
@@ -221,7 +220,11 @@ def serve_forever(args: argparse.Namespace) -> int:
         trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
     )
     _use_fast_loop()
-    app = _standalone_app(settings) if args.policy else _cluster_app(settings, args.kubeconfig)
+    audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
+    if args.policy:
+        app = _standalone_app(settings, audit)
+    else:
+        app = _cluster_app(settings, audit, args.kubeconfig)
     ssl_context = server_ssl_context(cert_file, key_file)
     app[TLS_RELOADER] = CertificateReloader(ssl_context, cert_file, key_file)
     log.info("serving on https://%s:%d", settings.host, settings.port)
@@ -236,22 +239,22 @@ def serve_forever(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _standalone_app(settings: Settings) -> web.Application:
+def _standalone_app(settings: Settings, audit: AuditLog) -> web.Application:
     """Serve from files, with an in-memory ledger of what this process admitted."""
     assert settings.policy_file is not None
     holder = ConfigHolder(load_config(settings.policy_file, settings.quotas_file))
     metrics = Metrics()
     ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
-    return create_app(settings, holder, quota=ledger, metrics=metrics)
+    return create_app(settings, holder, quota=ledger, metrics=metrics, audit=audit)
 
 
-def _cluster_app(settings: Settings, kubeconfig: str | None) -> web.Application:
+def _cluster_app(settings: Settings, audit: AuditLog, kubeconfig: str | None) -> web.Application:
     """Serve from the cluster: ConfigMaps, the pod watch and shared usage records."""
     holder = ConfigHolder()
     metrics = Metrics()
     state = ClusterState(connect(kubeconfig), settings.namespace, holder, metrics)
-    app = create_app(settings, holder, quota=state.ledger, metrics=metrics)
+    app = create_app(settings, holder, quota=state.ledger, metrics=metrics, audit=audit)
     state.attach(app)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return app

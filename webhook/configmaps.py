@@ -129,6 +129,7 @@ class ConfigMapSource:
             return
         self.holder.replace(snapshot)
         self.metrics.config_reloads.labels("all", "applied").inc()
+        self.metrics.config_in_force(snapshot.policy_revision, snapshot.quotas_revision)
         for problem in snapshot.quotas.unknown_classes(snapshot.policy):
             log.warning("%s: %s", QUOTAS_MAP, problem)
         log.info(

@@ -11,7 +11,8 @@ from aiohttp import web
 
 from policies import ConfigError
 from webhook.config import ConfigHolder, ConfigSnapshot, snapshot_from_text
-from webhook.keys import CONFIG, SETTINGS
+from webhook.keys import CONFIG, METRICS, SETTINGS
+from webhook.metrics import Metrics
 
 log = logging.getLogger("gpuadm.config")
 
@@ -27,7 +28,9 @@ def read_snapshot(policy_file: Path, quotas_file: Path | None) -> ConfigSnapshot
     )
 
 
-def reload_once(holder: ConfigHolder, policy_file: Path, quotas_file: Path | None) -> bool:
+def reload_once(
+    holder: ConfigHolder, metrics: Metrics, policy_file: Path, quotas_file: Path | None
+) -> bool:
     """Reload the files if they changed; keep the config in force when they are invalid.
 
     Content is compared, not mtimes: a mounted ConfigMap changes by a symlink swap that
@@ -37,7 +40,10 @@ def reload_once(holder: ConfigHolder, policy_file: Path, quotas_file: Path | Non
         snapshot = read_snapshot(policy_file, quotas_file)
     except (ConfigError, OSError) as error:
         log.error("config not reloaded, the last good one stays in force: %s", error)
+        metrics.config_valid.labels("files").set(0)
+        metrics.config_reloads.labels("files", "rejected").inc()
         return False
+    metrics.config_valid.labels("files").set(1)
     current = holder.current
     if (snapshot.policy_revision, snapshot.quotas_revision) == (
         current.policy_revision,
@@ -45,6 +51,8 @@ def reload_once(holder: ConfigHolder, policy_file: Path, quotas_file: Path | Non
     ):
         return False
     holder.replace(snapshot)
+    metrics.config_reloads.labels("files", "applied").inc()
+    metrics.config_in_force(snapshot.policy_revision, snapshot.quotas_revision)
     log.info(
         "config reloaded: policy %s, quotas %s",
         snapshot.policy_revision,
@@ -61,10 +69,14 @@ async def watch_files(app: web.Application) -> AsyncIterator[None]:
         yield
         return
 
+    holder, metrics = app[CONFIG], app[METRICS]
+    current = holder.current
+    metrics.config_in_force(current.policy_revision, current.quotas_revision)
+
     async def poll() -> None:
         while True:
             await asyncio.sleep(settings.reload_seconds)
-            await asyncio.to_thread(reload_once, app[CONFIG], policy_file, settings.quotas_file)
+            await asyncio.to_thread(reload_once, holder, metrics, policy_file, settings.quotas_file)
 
     task = asyncio.create_task(poll())
     yield

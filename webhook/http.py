@@ -17,26 +17,31 @@ from collections.abc import Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from webhook import admission, response
+from webhook import admission
 from webhook.admission import Decision
-from webhook.config import NoConfig
-from webhook.keys import CONFIG, METRICS, QUOTA, READINESS, SETTINGS
+from webhook.audit import audit_entry
+from webhook.config import ConfigSnapshot, NoConfig
+from webhook.keys import AUDIT, CONFIG, METRICS, QUOTA, READINESS, SETTINGS
 from webhook.metrics import Metrics
 from webhook.review import AdmissionRequest, BadReview, decode_review
 
 log = logging.getLogger("gpuadm.http")
 
-Decide = Callable[[web.Request, AdmissionRequest], Awaitable[Decision]]
+Decide = Callable[[web.Request, AdmissionRequest, ConfigSnapshot], Awaitable[Decision]]
 
 
-async def _mutate(request: web.Request, review: AdmissionRequest) -> Decision:
-    return admission.mutate(review, request.app[CONFIG].current)
+async def _mutate(
+    request: web.Request, review: AdmissionRequest, config: ConfigSnapshot
+) -> Decision:
+    return admission.mutate(review, config)
 
 
-async def _validate(request: web.Request, review: AdmissionRequest) -> Decision:
+async def _validate(
+    request: web.Request, review: AdmissionRequest, config: ConfigSnapshot
+) -> Decision:
     app = request.app
     return await admission.validate(
-        review, app[CONFIG].current, app[QUOTA], trusted_user=app[SETTINGS].trusted_user
+        review, config, app[QUOTA], trusted_user=app[SETTINGS].trusted_user
     )
 
 
@@ -60,19 +65,29 @@ async def _serve_review(request: web.Request, endpoint: str, decide: Decide) -> 
         return _bad_request(metrics, endpoint, 400, error.reason)
     except web.HTTPException as error:
         return _bad_request(metrics, endpoint, error.status, error.text or error.reason)
+    config = None
     try:
-        decision = await decide(request, review)
-        answer, outcome = decision.review, decision.outcome
+        config = request.app[CONFIG].current
+        decision = await decide(request, review, config)
     except NoConfig as error:
-        answer, outcome = response.errored(review.uid, f"{error}; retry", code=503), "error"
+        decision = Decision("error", f"{error}; retry")
     except Exception:
         incident = uuid.uuid4().hex[:12]
         log.exception("admission of %s failed (incident %s)", review.uid, incident)
-        message = f"gpuadm failed to judge this request (incident {incident}); retry"
-        answer, outcome = response.errored(review.uid, message), "error"
-    metrics.requests.labels(endpoint, review.operation, outcome).inc()
-    metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
-    return _json(200, answer)
+        decision = Decision(
+            "error", f"gpuadm failed to judge this request (incident {incident}); retry"
+        )
+    latency = time.perf_counter() - started
+    metrics.requests.labels(endpoint, review.operation, decision.outcome).inc()
+    metrics.latency.labels(endpoint).observe(latency)
+    audit = request.app.get(AUDIT)
+    if audit is not None:
+        audit.write(
+            audit_entry(
+                endpoint=endpoint, request=review, decision=decision, config=config, latency=latency
+            )
+        )
+    return _json(200, decision.review(review.uid))
 
 
 async def _read_review_body(request: web.Request) -> bytes:

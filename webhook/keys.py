@@ -7,6 +7,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from certs import CertificateReloader
+from webhook.audit import AuditLog
 from webhook.config import ConfigHolder
 from webhook.metrics import Metrics
 from webhook.quota import QuotaGate
@@ -18,4 +19,5 @@ QUOTA = web.AppKey("quota", QuotaGate)
 # Each check returns None when ready, else the reason it is not.
 READINESS = web.AppKey("readiness", list[Callable[[], str | None]])
 METRICS = web.AppKey("metrics", Metrics)
+AUDIT = web.AppKey("audit", AuditLog)
 TLS_RELOADER = web.AppKey("tls_reloader", CertificateReloader)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from fractions import Fraction
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge
+from policies.judge import judge
 from policies.quotas import ALL_CLASSES
 from webhook.config import ConfigSnapshot
 from webhook.metrics import Metrics
@@ -68,7 +68,6 @@ class QuotaLedger:
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._records: dict[str, Record] = {}
         self.conflicts = 0
-        self.last_verdict: QuotaVerdict | None = None
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -117,16 +116,21 @@ class QuotaLedger:
             limits=limits,
             mode=config.quotas.mode,
         )
-        self.last_verdict = verdict
         self._export(namespace, plan.class_name, verdict.in_use, limits)
-        if not verdict.allowed:
-            return QuotaOutcome(False, verdict.message, verdict.warnings)
-        if request.dry_run:
-            return QuotaOutcome(True, verdict.message, verdict.warnings)
+        outcome = QuotaOutcome(
+            verdict.allowed,
+            verdict.message,
+            verdict.warnings,
+            in_use=verdict.in_use,
+            limit=verdict.limit,
+            would_deny=verdict.would_deny,
+        )
+        if not verdict.allowed or request.dry_run:
+            return outcome
         kept[key] = Reservation(plan.class_name, plan.charge, now, request.pod_name)
         version = await self.store.write(namespace, kept, record.version)
         self._records[namespace] = Record(kept, version)
-        return QuotaOutcome(True, verdict.message, verdict.warnings)
+        return outcome
 
     def _export(
         self, namespace: str, class_name: str, used: Fraction, limits: Mapping[str, Fraction]

@@ -74,6 +74,12 @@ class Metrics:
             ["config"],
             registry=r,
         )
+        self.config_revision = Gauge(
+            "gpuadm_config_revision_info",
+            "The config in force: 1 for its revisions (content digests, as in the audit log).",
+            ["policy", "quotas"],
+            registry=r,
+        )
         self.record_conflicts = Counter(
             "gpuadm_quota_record_conflicts",
             "Usage-record writes that lost a race and were retried.",
@@ -89,6 +95,11 @@ class Metrics:
             "When the served certificate expires (Unix time).",
             registry=r,
         )
+
+    def config_in_force(self, policy_revision: str, quotas_revision: str) -> None:
+        """Export which config is in force, replacing the previous one."""
+        self.config_revision.clear()
+        self.config_revision.labels(policy_revision, quotas_revision).set(1)
 
     def exposition(self) -> bytes:
         """Return the text format Prometheus scrapes."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Protocol
 
 from policies import Plan
@@ -17,6 +18,9 @@ class QuotaOutcome:
     allowed: bool
     message: str | None = None
     warnings: tuple[str, ...] = ()
+    in_use: Fraction | None = None
+    limit: Fraction | None = None
+    would_deny: bool = False
 
 
 ADMITTED = QuotaOutcome(True)

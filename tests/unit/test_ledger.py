@@ -170,8 +170,8 @@ async def test_warn_mode_admits_over_quota_with_a_warning() -> None:
     outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
     assert outcome.allowed
     assert "enforce would deny" in outcome.warnings[0]
-    assert quota.last_verdict is not None
-    assert quota.last_verdict.would_deny
+    assert outcome.would_deny
+    assert (outcome.in_use, outcome.limit) == (0, 1)
 
 
 async def test_usage_not_in_sync_fails_closed() -> None:

@@ -102,7 +102,11 @@ async def test_mutate_of_its_own_output_returns_no_patch(client: Client) -> None
 
 async def test_pod_without_gpus_is_allowed_without_patch(client: Client) -> None:
     response = await post(client, "/mutate", review(pod({"cpu": "1"})))
-    assert response == {"uid": "0f1e2d3c", "allowed": True}
+    assert response == {
+        "uid": "0f1e2d3c",
+        "allowed": True,
+        "auditAnnotations": {"decision": "allowed"},
+    }
 
 
 async def test_rounding_is_announced_as_a_warning(client: Client) -> None:
@@ -127,7 +131,8 @@ async def test_exempt_namespace_is_left_alone(client: Client) -> None:
     body = pod({"gpuadm.io/a100": "1.5"})
     for path in ("/mutate", "/validate"):
         response = await post(client, path, review(body, namespace="kube-system"))
-        assert response == {"uid": "0f1e2d3c", "allowed": True}
+        assert response["allowed"] is True
+        assert "patch" not in response
 
 
 async def test_namespace_default_class_comes_from_the_quota_config(client: Client) -> None:
@@ -154,8 +159,9 @@ async def test_update_and_delete_are_not_mutated(client: Client) -> None:
     body = pod({"gpuadm.io/a100": "1"})
     update = await post(client, "/mutate", review(body, operation="UPDATE", old=body))
     delete = await post(client, "/validate", review(None, operation="DELETE", old=body))
-    assert update == {"uid": "0f1e2d3c", "allowed": True}
-    assert delete == {"uid": "0f1e2d3c", "allowed": True}
+    for answer in (update, delete):
+        assert answer["allowed"] is True
+        assert "patch" not in answer
 
 
 def _without(key: str) -> dict[str, Any]:
@@ -316,3 +322,19 @@ async def test_readiness_reports_what_is_not_ready(aiohttp_client: MakeClient) -
     response = await (await aiohttp_client(app)).get("/readyz")
     assert response.status == 503
     assert "pod watch not synced" in await response.text()
+
+
+async def test_audit_annotations_carry_decision_class_demand_and_reason(client: Client) -> None:
+    mutated = await post(client, "/mutate", review(pod({"gpuadm.io/a100": "0.5"})))
+    assert mutated["auditAnnotations"] == {
+        "decision": "mutated",
+        "class": "a100",
+        "demand": "a100=0.5",
+    }
+    denied = await post(client, "/mutate", review(pod({"gpuadm.io/a100": "2.5"})))
+    annotations = denied["auditAnnotations"]
+    assert annotations["decision"] == "denied"
+    assert "'2.5' is neither a whole number" in annotations["reason"]
+    for key in (*mutated["auditAnnotations"], *annotations):
+        assert "/" not in key
+        assert len(key) <= 63
