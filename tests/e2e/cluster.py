@@ -1,0 +1,429 @@
+"""A throwaway Kubernetes control plane (etcd + kube-apiserver) for tests.
+
+This plays the role controller-runtime's envtest plays for Go projects: the
+real kube-apiserver and etcd binaries, built from their published Go modules
+by ``controlplane/build.sh``, run as local processes on free loopback ports.
+There is no kube-controller-manager, scheduler or kubelet, so pods are stored
+and admitted but stay ``Pending`` forever -- enough for admission tests.
+
+Typical use::
+
+    with ControlPlane() as cp:
+        core = kubernetes.client.CoreV1Api(cp.api_client())
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import http.client
+import os
+import secrets
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+
+import kubernetes.client
+import yaml
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+__all__ = ["ControlPlane", "ControlPlaneError", "ensure_binaries"]
+
+BUILD_SCRIPT = Path(__file__).resolve().parent / "controlplane" / "build.sh"
+LOOPBACK = "127.0.0.1"
+ADMIN_USER = "admin"
+ADMIN_GROUP = "system:masters"
+LOG_TAIL_LINES = 40
+STOP_GRACE_SECONDS = 5.0
+POLL_INTERVAL_SECONDS = 0.25
+PR_SET_PDEATHSIG = 1
+# Resolved now, not in the forked child, where loading a library could block
+# on a lock some other thread of this process held at fork time.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+class ControlPlaneError(RuntimeError):
+    """The control plane binaries could not be built or did not start."""
+
+
+def ensure_binaries() -> Path:
+    """Build kube-apiserver and etcd if needed and return their directory.
+
+    ``build.sh`` does nothing when the binaries are already cached, so this is
+    cheap after the first run. Its progress is echoed to stderr as it happens
+    (a cold build takes many minutes). A missing Go toolchain is an error,
+    not a reason to skip: the message says what to install.
+    """
+    with subprocess.Popen(
+        ["bash", str(BUILD_SCRIPT)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as process:
+        assert process.stderr is not None
+        assert process.stdout is not None
+        tail = _echo_and_keep_tail(process.stderr)
+        stdout = process.stdout.read()
+    if process.returncode != 0:
+        raise ControlPlaneError(
+            f"{BUILD_SCRIPT} failed with exit code {process.returncode}:\n" + "".join(tail)
+        )
+    lines = stdout.strip().splitlines()
+    if not lines:
+        raise ControlPlaneError(f"{BUILD_SCRIPT} printed no bin directory")
+    return Path(lines[-1])
+
+
+def _echo_and_keep_tail(stream: IO[str]) -> collections.deque[str]:
+    """Copy ``stream`` to our stderr line by line, keeping the last lines."""
+    tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+    for line in stream:
+        sys.stderr.write(line)
+        tail.append(line)
+    return tail
+
+
+class ControlPlane:
+    """An etcd plus kube-apiserver pair with an admin token, on loopback only.
+
+    Use it as a context manager, or call ``start()`` and ``stop()``. All state
+    (etcd data, certificates, keys, kubeconfig and process logs) lives in one
+    temporary directory that ``stop()`` removes.
+    """
+
+    def __init__(
+        self,
+        bin_dir: Path | None = None,
+        start_timeout: float = 90.0,
+        extra_apiserver_args: Sequence[str] = (),
+    ) -> None:
+        """Prepare, but do not start, a control plane.
+
+        ``bin_dir`` defaults to the output of ``ensure_binaries()``.
+        ``extra_apiserver_args`` are appended to kube-apiserver's command line
+        (for example ``--v=4`` when debugging webhook calls).
+        """
+        self._bin_dir = bin_dir
+        self._start_timeout = start_timeout
+        self._extra_apiserver_args = list(extra_apiserver_args)
+        self._workdir: Path | None = None
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.token = secrets.token_urlsafe(32)
+        self.url = ""
+
+    # -- public API -------------------------------------------------------
+
+    @property
+    def workdir(self) -> Path:
+        """The temporary directory holding all state and the process logs."""
+        if self._workdir is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._workdir
+
+    @property
+    def ca_file(self) -> Path:
+        """PEM file to verify the apiserver's serving certificate with.
+
+        Without ``--tls-cert-file`` kube-apiserver generates a CA and a serving
+        certificate (with 127.0.0.1 among its names) and writes both to
+        ``apiserver.crt``, so that file works as the trust bundle.
+        """
+        return self.workdir / "apiserver-certs" / "apiserver.crt"
+
+    @property
+    def kubeconfig_path(self) -> Path:
+        """A kubeconfig file for the admin user, for people and subprocesses."""
+        return self.workdir / "kubeconfig"
+
+    def log_path(self, name: str) -> Path:
+        """Return the combined stdout/stderr log file of ``etcd`` or ``kube-apiserver``."""
+        return self.workdir / f"{name}.log"
+
+    def api_client(self) -> kubernetes.client.ApiClient:
+        """Return an official Kubernetes ``ApiClient`` authenticated as admin."""
+        configuration = kubernetes.client.Configuration(host=self.url)
+        # Everything is on loopback; never route it through an HTTP(S)_PROXY
+        # that happens to be set in the environment.
+        configuration.proxy = None
+        configuration.api_key = {"authorization": self.token}
+        configuration.api_key_prefix = {"authorization": "Bearer"}
+        configuration.ssl_ca_cert = str(self.ca_file)
+        return kubernetes.client.ApiClient(configuration)
+
+    def raise_if_exited(self) -> None:
+        """Raise ``ControlPlaneError``, with the log tails, if a process has exited."""
+        for name, process in self._processes.items():
+            if process.poll() is not None:
+                raise ControlPlaneError(
+                    f"{name} exited with code {process.returncode}\n{self._log_tails()}"
+                )
+
+    def start(self) -> ControlPlane:
+        """Start etcd and kube-apiserver and wait until the apiserver is ready.
+
+        On failure everything started so far is stopped again and a
+        ``ControlPlaneError`` carrying the tails of both logs is raised.
+        """
+        if self._processes:
+            raise ControlPlaneError("the control plane is already started")
+        bin_dir = self._bin_dir or ensure_binaries()
+        self._workdir = Path(tempfile.mkdtemp(prefix="gpuadm-controlplane-"))
+        try:
+            self._start_processes(bin_dir)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop both processes (SIGTERM, then SIGKILL) and delete the temp dir.
+
+        Safe to call more than once and on a partly started control plane.
+        """
+        # The apiserver goes first so it does not log a burst of etcd errors.
+        for name in ("kube-apiserver", "etcd"):
+            process = self._processes.pop(name, None)
+            if process is not None:
+                _terminate(process)
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    # -- startup ----------------------------------------------------------
+
+    def _start_processes(self, bin_dir: Path) -> None:
+        etcd_client_port, etcd_peer_port, apiserver_port = _free_ports(3)
+        self.url = f"https://{LOOPBACK}:{apiserver_port}"
+        etcd_url = f"http://{LOOPBACK}:{etcd_client_port}"
+        self._spawn("etcd", self._etcd_command(bin_dir, etcd_client_port, etcd_peer_port))
+        self._wait_until("etcd", lambda: _probe(f"{etcd_url}/health", None)[0] == 200)
+        self._write_service_account_key()
+        self._write_token_file()
+        self._spawn("kube-apiserver", self._apiserver_command(bin_dir, etcd_url, apiserver_port))
+        self._wait_until("kube-apiserver", self._apiserver_ready)
+        self._write_kubeconfig()
+
+    def _etcd_command(self, bin_dir: Path, client_port: int, peer_port: int) -> list[str]:
+        client_url = f"http://{LOOPBACK}:{client_port}"
+        peer_url = f"http://{LOOPBACK}:{peer_port}"
+        return [
+            str(bin_dir / "etcd"),
+            "--name=gpuadm-e2e",
+            f"--data-dir={self.workdir / 'etcd-data'}",
+            f"--listen-client-urls={client_url}",
+            f"--advertise-client-urls={client_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=gpuadm-e2e={peer_url}",
+            # The data is thrown away after the run; fsync only slows tests.
+            "--unsafe-no-fsync",
+        ]
+
+    def _apiserver_command(self, bin_dir: Path, etcd_url: str, port: int) -> list[str]:
+        return [
+            str(bin_dir / "kube-apiserver"),
+            f"--etcd-servers={etcd_url}",
+            f"--bind-address={LOOPBACK}",
+            # The address the apiserver puts in its own serving certificate and
+            # advertises; left unset it would be the host's first non-loopback
+            # address.
+            f"--advertise-address={LOOPBACK}",
+            # Endpoints may not hold loopback addresses, so keeping the default
+            # "kubernetes" Service's endpoints in sync would fail (and log an
+            # error) every ten seconds. Nothing in-cluster needs that Service.
+            "--endpoint-reconciler-type=none",
+            f"--secure-port={port}",
+            f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            f"--service-account-key-file={self.workdir / 'sa.pub'}",
+            f"--service-account-signing-key-file={self.workdir / 'sa.key'}",
+            # Only embedded in issued tokens as a name; never fetched.
+            f"--service-account-issuer={self.url}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--authorization-mode=RBAC",
+            f"--token-auth-file={self.workdir / 'tokens.csv'}",
+            # Without a kube-controller-manager no namespace ever gets its
+            # "default" ServiceAccount, and this plugin would reject every pod
+            # that does not name an existing one.
+            "--disable-admission-plugins=ServiceAccount",
+            "--allow-privileged=true",
+            *self._extra_apiserver_args,
+        ]
+
+    def _spawn(self, name: str, command: list[str]) -> None:
+        with open(self.log_path(name), "wb") as log:
+            self._processes[name] = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                # Own session: a Ctrl-C in the terminal reaches only Python,
+                # which then stops the processes in order.
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def _apiserver_ready(self) -> bool:
+        if not self.ca_file.exists():
+            return False
+        # With the admin token the answer does not depend on RBAC's
+        # bootstrap roles, which are themselves one of the readiness checks.
+        status, _ = _probe(f"{self.url}/readyz", self._ssl_context(), self.token)
+        return status == 200
+
+    def _wait_until(self, name: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + self._start_timeout
+        while not ready():
+            self.raise_if_exited()
+            if time.monotonic() > deadline:
+                raise ControlPlaneError(
+                    f"{name} was not ready after {self._start_timeout:.0f}s"
+                    f"{self._readyz_details()}\n{self._log_tails()}"
+                )
+            time.sleep(POLL_INTERVAL_SECONDS)
+
+    def _readyz_details(self) -> str:
+        """Explain which readiness checks fail, if the apiserver answers at all."""
+        if "kube-apiserver" not in self._processes or not self.ca_file.exists():
+            return ""
+        _, body = _probe(f"{self.url}/readyz?verbose", self._ssl_context(), self.token)
+        return f"\n--- {self.url}/readyz?verbose ---\n{body}" if body else ""
+
+    def _log_tails(self) -> str:
+        sections = []
+        for name in ("etcd", "kube-apiserver"):
+            path = self.log_path(name)
+            if path.exists():
+                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+                sections.append(f"--- last lines of {path} ---\n" + "\n".join(lines))
+        return "\n".join(sections)
+
+    def _ssl_context(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca_file))
+
+    # -- files --------------------------------------------------------------
+
+    def _write_service_account_key(self) -> None:
+        key = ec.generate_private_key(ec.SECP256R1())
+        private_pem = key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        public_pem = key.public_key().public_bytes(
+            serialization.Encoding.PEM,
+            serialization.PublicFormat.SubjectPublicKeyInfo,
+        )
+        _write_private(self.workdir / "sa.key", private_pem)
+        _write_private(self.workdir / "sa.pub", public_pem)
+
+    def _write_token_file(self) -> None:
+        # Format: token,user,uid,"group1,group2"
+        line = f'{self.token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n'
+        _write_private(self.workdir / "tokens.csv", line.encode())
+
+    def _write_kubeconfig(self) -> None:
+        name = "gpuadm-e2e"
+        kubeconfig = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": name,
+                    "cluster": {
+                        "server": self.url,
+                        "certificate-authority": str(self.ca_file),
+                    },
+                }
+            ],
+            "users": [{"name": ADMIN_USER, "user": {"token": self.token}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": ADMIN_USER}}],
+            "current-context": name,
+        }
+        _write_private(self.kubeconfig_path, yaml.safe_dump(kubeconfig).encode())
+
+
+def _free_ports(count: int) -> list[int]:
+    """Return ``count`` distinct loopback ports that were free a moment ago.
+
+    All sockets stay open until every port is picked, so the ports differ.
+    """
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind((LOOPBACK, 0))
+        return [sock.getsockname()[1] for sock in sockets]
+
+
+def _probe(url: str, context: ssl.SSLContext | None, token: str = "") -> tuple[int, str]:
+    """GET ``url`` without any proxy; return (status, body), or (0, "") if unreachable."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    if context is not None:
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.build_opener(*handlers).open(request, timeout=5) as response:
+            return response.status, response.read().decode(errors="replace")
+    except urllib.error.HTTPError as error:
+        with error:
+            return error.code, error.read().decode(errors="replace")
+    except (OSError, http.client.HTTPException):
+        return 0, ""
+
+
+def _terminate(process: subprocess.Popen[bytes]) -> None:
+    """Stop ``process`` with SIGTERM, escalating to SIGKILL after a grace period."""
+    if process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(timeout=STOP_GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGKILL this child if the Python process dies abruptly.
+
+    Covers a test run killed with SIGKILL (for example by a CI timeout), where
+    no cleanup code runs and the servers would otherwise keep their ports.
+    The signal fires when the thread that started the child exits, so start
+    the control plane from a thread that lives as long as it is needed.
+    """
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` readable only by the current user."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(data)
