@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from fractions import Fraction
+from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -125,6 +126,19 @@ class ClassBase(Model):
     def annotations(self) -> dict[str, str]:
         """Return backend-specific pod annotations the class always sets."""
         return {}
+
+    @cached_property
+    def node_expressions(self) -> list[dict[str, Any]]:
+        """Return `nodeSelector` as nodeSelectorRequirements, one per label key."""
+        return [
+            {"key": key, "operator": "In", "values": list(values)}
+            for key, values in sorted(self.node_selector.items())
+        ]
+
+    @cached_property
+    def toleration_fields(self) -> list[dict[str, Any]]:
+        """Return the class's tolerations as they appear in a pod spec."""
+        return [toleration.as_pod_field() for toleration in self.tolerations]
 
     def share_of(self, ask: Ask) -> Fraction:
         """Return the number of GPUs the user asked for, before any rounding."""
@@ -258,9 +272,13 @@ class HamiClass(_VirtualGpuClass):
             return self.gpu_types
         return list(self.node_selector.get("nvidia.com/gpu.product", []))
 
-    def annotations(self) -> dict[str, str]:
+    @cached_property
+    def _annotations(self) -> dict[str, str]:
         types = self.types()
         return {"nvidia.com/use-gputype": ",".join(types)} if types else {}
+
+    def annotations(self) -> dict[str, str]:
+        return self._annotations
 
 
 class VolcanoClass(_VirtualGpuClass):
@@ -389,11 +407,17 @@ class MigClass(ClassBase):
 
     def profile_share(self, profile: str) -> Fraction:
         """Return the fraction of a GPU a profile gives: the larger of compute and memory."""
-        memory = self.profiles[profile] / self._memory()
-        slices = self._slices(profile)
+        return self._profile_shares[profile]
+
+    @cached_property
+    def _profile_shares(self) -> dict[str, Fraction]:
         total = max((self._slices(name) or 0) for name in self.profiles)
-        compute = Fraction(slices, total) if slices and total else Fraction(0)
-        return min(Fraction(1), max(memory, compute))
+        shares = {}
+        for profile, memory in self.profiles.items():
+            slices = self._slices(profile)
+            compute = Fraction(slices, total) if slices and total else Fraction(0)
+            shares[profile] = min(Fraction(1), max(memory / self._memory(), compute))
+        return shares
 
     @staticmethod
     def _slices(profile: str) -> int | None:

@@ -107,7 +107,7 @@ def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _F
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     found = _Found(ref)
-    for key in {*limits, *requests}:
+    for key in (*limits, *(k for k in requests if k not in limits)):
         class_key = policy.class_key(key)
         if class_key is None and policy.in_domain(key):
             known = ", ".join(sorted(policy.classes))
@@ -250,18 +250,15 @@ def _class_ask(item: _Found, class_name: str, gpu_class: ClassBase) -> Ask:
 
 
 def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
-    """Return a pod's demand by Kubernetes' effective-request rule.
+    """Return a pod's demand by Kubernetes' effective-request rule; `charges` in pod order.
 
     App containers and restartable sidecars run together, so they add up; a regular init
     container runs alone beside the sidecars started before it. The pod needs the larger of
     the running sum and the largest init step.
     """
-    running = Fraction(0)
-    sidecars = Fraction(0)
-    largest_step = Fraction(0)
-    for ref, charge in sorted(
-        charges, key=lambda item: (item[0].kind != "initContainers", item[0].index)
-    ):
+    running = sidecars = largest_step = Fraction(0)
+    # `iter_containers` yields init containers first, each list in order.
+    for ref, charge in charges:
         if ref.kind == "containers":
             running += charge
         elif ref.sidecar:

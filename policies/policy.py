@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from pydantic import Field, PrivateAttr, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from policies.classes import BACKENDS, ClassBase, GpuClass, HamiClass, Model
 
@@ -29,6 +31,14 @@ def _default_resource_names() -> frozenset[str]:
     return frozenset(names)
 
 
+@dataclass(frozen=True, slots=True)
+class _Lookup:
+    keys: dict[str, tuple[str, bool]]
+    raw_names: frozenset[str]
+    raw_prefixes: tuple[str, ...]
+    domain_prefix: str
+
+
 class Policy(Model):
     """The whole `policy.yaml`."""
 
@@ -36,10 +46,6 @@ class Policy(Model):
     default_class: str | None = None
     exempt_namespaces: list[str] = Field(default_factory=list)
     classes: dict[str, GpuClass]
-
-    _keys: dict[str, tuple[str, bool]] = PrivateAttr(default_factory=dict)
-    _raw_names: frozenset[str] = PrivateAttr(default=frozenset())
-    _raw_prefixes: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("domain")
     @classmethod
@@ -76,13 +82,13 @@ class Policy(Model):
         _check_hami_types(self.classes)
         return self
 
-    def model_post_init(self, context: Any, /) -> None:
-        """Build the lookup tables the admission path uses on every request."""
+    @cached_property
+    def _lookup(self) -> _Lookup:
+        """Build, once, the tables the admission path reads on every request."""
         keys: dict[str, tuple[str, bool]] = {}
         for name in self.classes:
             keys[f"{self.domain}/{name}"] = (name, False)
             keys[f"{self.domain}/{name}{MEMORY_SUFFIX}"] = (name, True)
-        self._keys = keys
         names = set(_default_resource_names())
         prefixes = {"nvidia.com/mig-"}
         for gpu_class in self.classes.values():
@@ -90,20 +96,20 @@ class Policy(Model):
             prefix = getattr(gpu_class, "resource_prefix", None)
             if prefix:
                 prefixes.add(prefix)
-        self._raw_names = frozenset(names)
-        self._raw_prefixes = tuple(sorted(prefixes))
+        return _Lookup(keys, frozenset(names), tuple(sorted(prefixes)), self.domain + "/")
 
     def class_key(self, name: str) -> tuple[str, bool] | None:
         """Map `D/<class>` or `D/<class>-memory` to (class, is_memory), or None."""
-        return self._keys.get(name)
+        return self._lookup.keys.get(name)
 
     def in_domain(self, key: str) -> bool:
         """Tell whether a key (resource, label, annotation) is under the policy's domain."""
-        return key.startswith(self.domain + "/")
+        return key.startswith(self._lookup.domain_prefix)
 
     def is_gpu_resource(self, name: str) -> bool:
         """Tell whether a raw resource name belongs to any GPU stack gpuadm knows."""
-        return name in self._raw_names or name.startswith(self._raw_prefixes)
+        lookup = self._lookup
+        return name in lookup.raw_names or name.startswith(lookup.raw_prefixes)
 
     @property
     def class_annotation(self) -> str:

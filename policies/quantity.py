@@ -6,6 +6,7 @@ parsed into a `fractions.Fraction`, never a float.
 
 from __future__ import annotations
 
+import functools
 import re
 from fractions import Fraction
 
@@ -47,6 +48,12 @@ def parse_quantity(value: object) -> Fraction:
         value = repr(value)
     if not isinstance(value, str):
         raise QuantityError(f"{value!r} is not a quantity")
+    return _parse_text(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(value: str) -> Fraction:
+    """Parse quantity text; cached, since the same few values recur in every pod."""
     match = _QUANTITY.match(value.strip())
     if match is None:
         raise QuantityError(

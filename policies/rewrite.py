@@ -7,7 +7,6 @@ after all mutation (extended resources must then be integers with requests == li
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
@@ -108,7 +107,7 @@ def _rewrite_resources(
     resources: Mapping[str, Any], container: ContainerDemand, grant: Grant
 ) -> dict[str, Any]:
     """Return the container's resources with the class keys replaced by the backend's."""
-    rewritten = copy.deepcopy(dict(resources))
+    rewritten = dict(resources)
     for side in ("limits", "requests"):
         values = dict(rewritten.get(side) or {})
         for key in container.replaced_keys:
@@ -176,27 +175,18 @@ def _spec_ops(spec: Mapping[str, Any], gpu_class: ClassBase) -> Patch:
     if scheduler is not None and spec.get("schedulerName") != scheduler:
         patch.append(_add("/spec/schedulerName", scheduler))
     if gpu_class.node_selector:
-        affinity = _with_node_affinity(spec.get("affinity") or {}, gpu_class.node_selector)
+        affinity = _with_node_affinity(spec.get("affinity") or {}, gpu_class.node_expressions)
         if affinity != (spec.get("affinity") or {}):
             patch.append(_add("/spec/affinity", affinity))
     current = list(spec.get("tolerations") or [])
-    missing = [t.as_pod_field() for t in gpu_class.tolerations]
-    missing = [t for t in missing if t not in current]
+    missing = [t for t in gpu_class.toleration_fields if t not in current]
     if missing:
         patch.append(_add("/spec/tolerations", current + missing))
     return patch
 
 
-def node_selector_expressions(node_selector: Mapping[str, list[str]]) -> list[dict[str, Any]]:
-    """Return the class's node selector as nodeSelectorRequirements, one per label key."""
-    return [
-        {"key": key, "operator": "In", "values": list(values)}
-        for key, values in sorted(node_selector.items())
-    ]
-
-
 def _with_node_affinity(
-    affinity: Mapping[str, Any], node_selector: Mapping[str, list[str]]
+    affinity: Mapping[str, Any], expressions: list[dict[str, Any]]
 ) -> dict[str, Any]:
     """Return the affinity with the class's expressions ANDed into every selector term.
 
@@ -204,11 +194,12 @@ def _with_node_affinity(
     requirement must sit inside each term instead. An empty term matches no node, so it is
     left as it is rather than turned into one that matches.
     """
-    updated = copy.deepcopy(dict(affinity))
-    node_affinity = updated.setdefault("nodeAffinity", {})
-    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    # Copied along the path that changes only: the pod given to `plan` is never modified.
+    updated = dict(affinity)
+    node_affinity = updated["nodeAffinity"] = dict(updated.get("nodeAffinity") or {})
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = node_affinity[key] = dict(node_affinity.get(key) or {})
     terms = required.get("nodeSelectorTerms") or [{}]
-    expressions = node_selector_expressions(node_selector)
     new_terms = []
     for term in terms:
         term = dict(term)

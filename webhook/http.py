@@ -78,8 +78,7 @@ async def _serve_review(request: web.Request, endpoint: str, decide: Decide) -> 
             "error", f"gpuadm failed to judge this request (incident {incident}); retry"
         )
     latency = time.perf_counter() - started
-    metrics.requests.labels(endpoint, review.operation, decision.outcome).inc()
-    metrics.latency.labels(endpoint).observe(latency)
+    metrics.answered(endpoint, review.operation, decision.outcome, latency)
     audit = request.app.get(AUDIT)
     if audit is not None:
         audit.write(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 
@@ -29,6 +31,8 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._request_children: dict[tuple[str, str, str], Any] = {}
+        self._latency_children: dict[str, Any] = {}
         r = self.registry
         self.requests = Counter(
             "gpuadm_admission_requests",
@@ -95,6 +99,18 @@ class Metrics:
             "When the served certificate expires (Unix time).",
             registry=r,
         )
+
+    def answered(self, endpoint: str, operation: str, decision: str, seconds: float) -> None:
+        """Count one answered review and its latency (label children cached: hot path)."""
+        key = (endpoint, operation, decision)
+        counter = self._request_children.get(key)
+        if counter is None:
+            counter = self._request_children[key] = self.requests.labels(*key)
+        counter.inc()
+        histogram = self._latency_children.get(endpoint)
+        if histogram is None:
+            histogram = self._latency_children[endpoint] = self.latency.labels(endpoint)
+        histogram.observe(seconds)
 
     def config_in_force(self, policy_revision: str, quotas_revision: str) -> None:
         """Export which config is in force, replacing the previous one."""

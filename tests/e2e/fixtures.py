@@ -1,0 +1,139 @@
+"""gpuadm-specific fixtures of the end-to-end suite: three replicas behind one address."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.gpuadm import (
+    NAMESPACE,
+    Balancer,
+    GpuadmProcess,
+    make_tls,
+    put_configmap,
+    register_webhooks,
+    wait_for_quotas,
+    wait_until,
+)
+from tests.unit.conftest import POLICY_YAML
+
+IMAGE = "registry.invalid/app:1"  # never pulled: there is no kubelet
+
+
+@dataclass
+class Deployment:
+    """gpuadm as deployed for the suite: processes, the balancer in front, and the API."""
+
+    processes: list[GpuadmProcess]
+    balancer: Balancer
+    core: kubernetes.client.CoreV1Api
+    api: kubernetes.client.ApiClient
+    ca_file: Path
+
+    @property
+    def url(self) -> str:
+        """Return the address the webhook configurations point at."""
+        return f"https://127.0.0.1:{self.balancer.port}"
+
+    def route(self, replicas: int) -> list[GpuadmProcess]:
+        """Send admission traffic to the first `replicas` processes only."""
+        chosen = self.processes[:replicas]
+        self.balancer.route_to([p.port for p in chosen])
+        return chosen
+
+    def set_quotas(self, text: str) -> None:
+        """Replace the quota ConfigMap and wait until every replica has it in force."""
+        put_configmap(self.core, "gpuadm-quotas", "quotas.yaml", text)
+        wait_for_quotas(self.processes, text)
+
+    def reviews(self) -> float:
+        """Return how many admission reviews all replicas have answered."""
+        return sum(p.metric("gpuadm_admission_requests_total") for p in self.processes)
+
+    def create_pod(
+        self,
+        namespace: str,
+        limits: dict[str, str],
+        *,
+        name: str | None = None,
+        dry_run: bool = False,
+        annotations: dict[str, str] | None = None,
+    ) -> dict[str, Any]:
+        """Create a pod; return the pod the apiserver stored (or would store)."""
+        body = pod_body(limits, name=name, annotations=annotations)
+        response = self.core.create_namespaced_pod(
+            namespace, body, dry_run="All" if dry_run else None, _preload_content=False
+        )
+        stored: dict[str, Any] = json.loads(response.data)
+        return stored
+
+    def refusal(self, namespace: str, limits: dict[str, str], **kwargs: Any) -> str:
+        """Create a pod that must be refused; return the apiserver's message."""
+        with pytest.raises(ApiException) as refused:
+            self.create_pod(namespace, limits, **kwargs)
+        message: str = json.loads(refused.value.body)["message"]
+        return message
+
+
+def pod_body(
+    limits: dict[str, str],
+    *,
+    name: str | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Return a one-container pod asking for `limits`."""
+    metadata: dict[str, Any] = {"name": name} if name else {"generateName": "gpu-"}
+    if annotations:
+        metadata["annotations"] = annotations
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": metadata,
+        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"limits": limits}}]},
+    }
+
+
+@pytest.fixture(scope="session")
+def gpuadm(
+    control_plane: ControlPlane,
+    api_client: kubernetes.client.ApiClient,
+    core_v1: kubernetes.client.CoreV1Api,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Deployment]:
+    """Run three gpuadm replicas against the control plane, registered as shipped."""
+    workdir = tmp_path_factory.mktemp("gpuadm")
+    tls = make_tls(workdir / "tls")
+    with contextlib.suppress(ApiException):
+        core_v1.create_namespace({"metadata": {"name": NAMESPACE}})
+    put_configmap(core_v1, "gpuadm-policy", "policy.yaml", POLICY_YAML)
+    put_configmap(core_v1, "gpuadm-quotas", "quotas.yaml", "")
+    processes = [GpuadmProcess(control_plane, tls, workdir, index) for index in range(3)]
+    balancer = Balancer()
+    try:
+        for process in processes:
+            process.start()
+        balancer.start()
+        deployment = Deployment(processes, balancer, core_v1, api_client, tls.ca_file)
+        deployment.route(len(processes))
+        register_webhooks(
+            api_client,
+            tls.ca_file,
+            mutate_url=f"{deployment.url}/mutate",
+            validate_url=f"{deployment.url}/validate",
+        )
+        for process in processes:
+            wait_until(process.ready, f"gpuadm on port {process.port} ready", process.log_tail)
+        yield deployment
+    finally:
+        balancer.stop()
+        for process in processes:
+            process.stop()

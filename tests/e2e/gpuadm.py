@@ -1,0 +1,298 @@
+"""gpuadm for real in the end-to-end suite: `gpuadm serve` processes, registered with the
+apiserver through the webhook configurations shipped in deploy/, behind a TCP balancer."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+import os
+import re
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
+from tests.e2e.cluster import ControlPlane
+from webhook.config import revision_of
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY_BASE = ROOT / "deploy" / "base"
+NAMESPACE = "gpuadm-system"
+
+
+def free_port() -> int:
+    """Return a free TCP port on loopback."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def make_tls(directory: Path) -> TLSPaths:
+    """Make a CA and a serving certificate for 127.0.0.1 with the project's own certs code."""
+    now = datetime.now(UTC)
+    ca = new_ca(now=now)
+    serving = new_serving_cert(ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"], now=now)
+    return write_tls_dir(directory, ca=ca, serving=serving)
+
+
+class GpuadmProcess:
+    """One `gpuadm serve` in cluster mode, talking to the control plane as admin."""
+
+    def __init__(self, plane: ControlPlane, tls: TLSPaths, workdir: Path, index: int) -> None:
+        self.port = free_port()
+        self.log_path = workdir / f"gpuadm-{index}.log"
+        self._tls = tls
+        self._plane = plane
+        self._context = ssl.create_default_context(cafile=tls.ca_file)
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        """Start the process and wait until it is listening."""
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "webhook.cli",
+                    "serve",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(self.port),
+                    "--namespace",
+                    NAMESPACE,
+                    "--kubeconfig",
+                    str(self._plane.kubeconfig_path),
+                    "--cert-file",
+                    str(self._tls.cert_file),
+                    "--key-file",
+                    str(self._tls.key_file),
+                ],
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        wait_until(
+            lambda: self._get("/healthz")[0] == 200, f"gpuadm on port {self.port}", self.log_tail
+        )
+
+    def stop(self) -> None:
+        """Stop the process."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def ready(self) -> bool:
+        """Tell whether /readyz answers 200."""
+        return self._get("/readyz")[0] == 200
+
+    def metrics(self) -> str:
+        """Return the /metrics text."""
+        return self._get("/metrics")[1]
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Return the sum of a metric's samples whose labels include `labels`."""
+        total = 0.0
+        for line in self.metrics().splitlines():
+            match = re.match(r"^([a-zA-Z_:]+)(\{(.*)\})? (\S+)$", line)
+            if not match or match[1] != name:
+                continue
+            found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', match[3] or ""))
+            if all(found.get(k) == v for k, v in labels.items()):
+                total += float(match[4])
+        return total
+
+    def log_tail(self) -> str:
+        """Return the end of the process's log."""
+        text = self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        return text[-4000:]
+
+    def _get(self, path: str) -> tuple[int, str]:
+        url = f"https://127.0.0.1:{self.port}{path}"
+        try:
+            with urllib.request.urlopen(url, context=self._context, timeout=5) as response:
+                return response.status, response.read().decode()
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode()
+        except OSError:
+            return 0, ""
+
+
+class Balancer:
+    """A TCP round-robin balancer on loopback: one address in front of several gpuadm processes,
+    as a Service is in front of a Deployment's replicas. TLS passes through untouched."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.backends: list[int] = []
+        self._cycle: Iterator[int] = iter(())
+        self._server: asyncio.Server
+        self._open: dict[int, set[asyncio.StreamWriter]] = {}
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def route_to(self, ports: list[int]) -> None:
+        """Send new connections to these ports, in turn; cut open ones to any other port."""
+        self.backends = list(ports)
+        self._cycle = itertools.cycle(self.backends) if self.backends else iter(())
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(self._cut_all_but(set(ports)), self._loop).result(
+                timeout=10
+            )
+
+    async def _cut_all_but(self, ports: set[int]) -> None:
+        for backend, writers in list(self._open.items()):
+            if backend not in ports:
+                for writer in writers:
+                    writer.close()
+                writers.clear()
+
+    def start(self) -> None:
+        """Listen in a background thread."""
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(timeout=10)
+
+    def stop(self) -> None:
+        """Stop listening and close every connection it carries."""
+        asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    async def _close(self) -> None:
+        self._server.close()
+        current = asyncio.current_task()
+        tasks = [task for task in asyncio.all_tasks() if task is not current]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        backend = next(self._cycle, None)
+        if backend is None:
+            writer.close()
+            return
+        try:
+            upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", backend)
+        except OSError:
+            writer.close()
+            return
+        open_here = self._open.setdefault(backend, set())
+        open_here.update((writer, upstream_writer))
+        try:
+            await asyncio.gather(_pipe(reader, upstream_writer), _pipe(upstream_reader, writer))
+        finally:
+            open_here.difference_update((writer, upstream_writer))
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(ConnectionError, OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    with contextlib.suppress(ConnectionError, OSError):
+        writer.close()
+
+
+def shipped_webhook_configurations() -> list[dict[str, Any]]:
+    """Return the two webhook configurations exactly as deploy/base ships them."""
+    found = []
+    for path in sorted(DEPLOY_BASE.glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            if isinstance(document, dict) and document.get("kind") in (
+                "MutatingWebhookConfiguration",
+                "ValidatingWebhookConfiguration",
+            ):
+                found.append(document)
+    assert len(found) == 2, f"expected two webhook configurations in {DEPLOY_BASE}, got {found}"
+    return found
+
+
+def register_webhooks(
+    api: kubernetes.client.ApiClient,
+    ca_file: Path,
+    *,
+    mutate_url: str,
+    validate_url: str,
+) -> None:
+    """Create (or replace) the shipped webhook configurations, pointed at loopback URLs."""
+    admission = kubernetes.client.AdmissionregistrationV1Api(api)
+    ca_bundle = base64.b64encode(ca_file.read_bytes()).decode()
+    for configuration in shipped_webhook_configurations():
+        for webhook in configuration["webhooks"]:
+            url = mutate_url if configuration["kind"].startswith("Mutating") else validate_url
+            webhook["clientConfig"] = {"url": url, "caBundle": ca_bundle}
+        name = configuration["metadata"]["name"]
+        mutating = configuration["kind"].startswith("Mutating")
+        delete = (
+            admission.delete_mutating_webhook_configuration
+            if mutating
+            else admission.delete_validating_webhook_configuration
+        )
+        create = (
+            admission.create_mutating_webhook_configuration
+            if mutating
+            else admission.create_validating_webhook_configuration
+        )
+        with contextlib.suppress(ApiException):
+            delete(name)
+        create(configuration)
+
+
+def put_configmap(core: kubernetes.client.CoreV1Api, name: str, key: str, text: str) -> None:
+    """Create or replace one of gpuadm's ConfigMaps."""
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "data": {key: text},
+    }
+    try:
+        core.replace_namespaced_config_map(name, NAMESPACE, body)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        core.create_namespaced_config_map(NAMESPACE, body)
+
+
+def wait_for_quotas(processes: list[GpuadmProcess], quotas_text: str) -> None:
+    """Wait until every process has the given quotas in force."""
+    revision = revision_of(quotas_text)
+    for process in processes:
+        wait_until(
+            lambda p=process: p.metric("gpuadm_config_revision_info", quotas=revision) == 1,
+            f"quotas {revision} in force on port {process.port}",
+            process.log_tail,
+        )
+
+
+def wait_until(check: Any, what: str, details: Any = lambda: "", seconds: float = 60) -> None:
+    """Poll `check` until it is true; fail naming `what` otherwise."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}\n{details()}")

@@ -1,0 +1,136 @@
+"""Quota through a real apiserver: refusals, freed room, dry runs, live edits, and the race."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+
+import aiohttp
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.fixtures import Deployment, pod_body
+from tests.e2e.gpuadm import NAMESPACE, put_configmap, wait_until
+
+
+def quota(namespace: str, **limits: int) -> str:
+    entries = ", ".join(f"{cls}: {limit}" for cls, limit in limits.items())
+    return f"namespaces:\n  {namespace}: {{{entries}}}\n"
+
+
+def test_the_pod_that_would_exceed_the_quota_is_refused(gpuadm: Deployment, namespace: str) -> None:
+    gpuadm.set_quotas(quota(namespace, h100=2))
+    gpuadm.create_pod(namespace, {"gpuadm.io/h100": "1"})
+    gpuadm.create_pod(namespace, {"gpuadm.io/h100": "1"})
+    message = gpuadm.refusal(namespace, {"gpuadm.io/h100": "1"})
+    assert f'namespace "{namespace}": h100 quota exceeded: requested 1, in use 2 of 2' in message
+
+
+def test_deleting_a_pod_frees_its_room(gpuadm: Deployment, namespace: str) -> None:
+    gpuadm.set_quotas(quota(namespace, t4=1))
+    first = gpuadm.create_pod(namespace, {"gpuadm.io/t4": "1"})
+    assert "quota exceeded" in gpuadm.refusal(namespace, {"gpuadm.io/t4": "0.5"})
+    gpuadm.core.delete_namespaced_pod(first["metadata"]["name"], namespace)
+
+    def admitted() -> bool:
+        try:
+            gpuadm.create_pod(namespace, {"gpuadm.io/t4": "0.5"})
+        except ApiException:
+            return False
+        return True
+
+    # Every replica must see the deletion in its pod watch first.
+    wait_until(admitted, "room freed by the deleted pod")
+
+
+def test_a_dry_run_is_judged_but_consumes_nothing(gpuadm: Deployment, namespace: str) -> None:
+    gpuadm.set_quotas(quota(namespace, a100=1))
+    for _ in range(3):
+        gpuadm.create_pod(namespace, {"gpuadm.io/a100": "1"}, dry_run=True)
+    assert "quota exceeded" in gpuadm.refusal(namespace, {"gpuadm.io/a100": "2"}, dry_run=True)
+    gpuadm.create_pod(namespace, {"gpuadm.io/a100": "0.5"})
+    gpuadm.create_pod(namespace, {"gpuadm.io/a100": "0.5"})
+    assert "in use 1 of 1" in gpuadm.refusal(namespace, {"gpuadm.io/a100": "0.1"})
+
+
+def test_a_configmap_edit_takes_effect_without_restart(gpuadm: Deployment, namespace: str) -> None:
+    gpuadm.set_quotas(quota(namespace, h100=0))
+    assert "in use 0 of 0" in gpuadm.refusal(namespace, {"gpuadm.io/h100": "1"})
+    gpuadm.set_quotas(quota(namespace, h100=1))
+    gpuadm.create_pod(namespace, {"gpuadm.io/h100": "1"})
+
+
+def test_a_bad_edit_is_refused_and_reported_on_the_configmap(
+    gpuadm: Deployment, namespace: str
+) -> None:
+    gpuadm.set_quotas(quota(namespace, h100=0))
+    put_configmap(
+        gpuadm.core,
+        "gpuadm-quotas",
+        "quotas.yaml",
+        f"namespaces:\n  {namespace}:\n    h100: plenty\n",
+    )
+
+    def reported() -> bool:
+        events = gpuadm.core.list_namespaced_event(
+            NAMESPACE, field_selector="involvedObject.name=gpuadm-quotas"
+        ).items
+        return any("'plenty' is not a quantity" in (e.message or "") for e in events)
+
+    wait_until(reported, "a Warning Event on ConfigMap gpuadm-quotas")
+    for process in gpuadm.processes:
+        wait_until(
+            lambda p=process: p.metric("gpuadm_config_valid", config="gpuadm-quotas") == 0,
+            "gpuadm_config_valid to drop to 0",
+        )
+    assert "in use 0 of 0" in gpuadm.refusal(namespace, {"gpuadm.io/h100": "1"})
+
+
+async def create_concurrently(plane: ControlPlane, namespace: str, count: int) -> list[int]:
+    """Create `count` one-GPU pods at once, straight through the apiserver's REST API."""
+    context = ssl.create_default_context(cafile=plane.ca_file)
+    headers = {"Authorization": f"Bearer {plane.token}"}
+    url = f"{plane.url}/api/v1/namespaces/{namespace}/pods"
+    connector = aiohttp.TCPConnector(ssl=context, limit=count)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def create(index: int) -> int:
+            body = pod_body({"gpuadm.io/h100": "1"}, name=f"race-{index}")
+            async with session.post(url, json=body) as response:
+                if response.status not in (201, 403):
+                    raise AssertionError(f"{response.status}: {await response.text()}")
+                if response.status == 403:
+                    assert "quota exceeded" in (await response.json())["message"]
+                return response.status
+
+        return await asyncio.gather(*(create(i) for i in range(count)))
+
+
+@pytest.mark.parametrize("replicas", [1, 3])
+def test_fifty_concurrent_creates_against_room_for_ten_store_exactly_ten(
+    gpuadm: Deployment, control_plane: ControlPlane, namespace: str, replicas: int
+) -> None:
+    serving = gpuadm.route(replicas)
+    try:
+        gpuadm.set_quotas(quota(namespace, h100=10))
+        before = [p.metric("gpuadm_admission_requests_total", endpoint="validate") for p in serving]
+        started = time.monotonic()
+        statuses = asyncio.run(create_concurrently(control_plane, namespace, 50))
+        elapsed = time.monotonic() - started
+        stored = gpuadm.core.list_namespaced_pod(namespace).items
+        print(
+            f"\nrace with {replicas} replica(s): {statuses.count(201)} admitted of 50, "
+            f"{len(stored)} stored, {elapsed:.2f} s"
+        )
+        assert statuses.count(201) == 10
+        assert len(stored) == 10
+        if replicas > 1:
+            after = [
+                p.metric("gpuadm_admission_requests_total", endpoint="validate") for p in serving
+            ]
+            busy = [a - b for a, b in zip(after, before, strict=True)]
+            assert sum(1 for n in busy if n > 0) >= 2, f"one replica took all traffic: {busy}"
+    finally:
+        gpuadm.route(len(gpuadm.processes))
