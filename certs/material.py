@@ -325,3 +325,19 @@ def _subject(hostname_or_ip: str) -> verification.Subject:
         return x509.IPAddress(ipaddress.ip_address(hostname_or_ip))
     except ValueError:
         return x509.DNSName(hostname_or_ip)
+
+
+def describe(material: CertifiedKey) -> str:
+    """Say whom a certificate names and when it expires, for a person to read."""
+    certificate = material.certificate
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        sans = [*names.get_values_for_type(x509.DNSName)] + [
+            str(ip) for ip in names.get_values_for_type(x509.IPAddress)
+        ]
+    except x509.ExtensionNotFound:
+        sans = []
+    listed = f"; names {', '.join(sans)}" if sans else ""
+    return (
+        f"{certificate.subject.rfc4514_string()}{listed}; expires {material.not_after.isoformat()}"
+    )

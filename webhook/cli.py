@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from webhook import commands
+from webhook import certs_commands, commands
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +40,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--kubeconfig",
         help="kubeconfig to reach the cluster (default: in-cluster service account, "
         "else $KUBECONFIG or ~/.kube/config); ignored when --policy is given",
+    )
+    serve.add_argument(
+        "--manage-tls",
+        action="store_true",
+        help="in a cluster: keep the TLS Secret (--tls-secret) and the caBundle of gpuadm's "
+        "webhook configurations yourself, writing the files to --tls-dir",
+    )
+    serve.add_argument("--tls-secret", default="gpuadm-tls", help="Secret for --manage-tls")
+    serve.add_argument(
+        "--webhook-configuration",
+        default="gpuadm",
+        help="name of gpuadm's two webhook configurations, for --manage-tls",
+    )
+    serve.add_argument(
+        "--service", default="gpuadm", help="the Service in front of gpuadm, for --manage-tls"
     )
     serve.add_argument(
         "--trusted-user",
@@ -74,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_argument("--namespace", "-n", help="namespace to judge the pod in")
     review.add_argument("--output", "-o", choices=["text", "json"], default="text")
 
+    certs_commands.add_parser(sub)
+
     check = sub.add_parser("check-config", help="validate policy and quota files")
     check.add_argument("files", type=Path, nargs="+", help="policy.yaml, quotas.yaml or ConfigMaps")
     return parser
@@ -92,6 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return commands.serve_forever(args)
     if args.command == "review":
         return commands.review(args)
+    if args.command == "certs":
+        return certs_commands.run(args)
     return commands.check_config(args.files)
 
 

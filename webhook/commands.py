@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import logging
 import sys
 import tempfile
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,19 +27,20 @@ from certs import (
     write_tls_dir,
 )
 from policies import ConfigError, load_policy, load_quotas
-from webhook import admission, logs
+from webhook import admission, certs_commands, logs
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.cluster import ClusterState
 from webhook.config import ConfigHolder, ConfigSnapshot
 from webhook.files import read_snapshot
 from webhook.keys import TLS_RELOADER
-from webhook.kube import connect
+from webhook.kube import Kube, connect
 from webhook.ledger import QuotaLedger
 from webhook.metrics import Metrics
 from webhook.reservations import MemoryStore
 from webhook.review import AdmissionRequest
 from webhook.settings import Settings
+from webhook.tlskeeper import TLSKeeper
 from webhook.usage import UsageIndex
 
 log = logging.getLogger("gpuadm")
@@ -207,7 +209,17 @@ def serve_forever(args: argparse.Namespace) -> int:
     cert_file, key_file = args.cert_file, args.key_file
     if (cert_file is None) != (key_file is None):
         return _fail("give --cert-file and --key-file together")
-    if cert_file is None:
+    if args.manage_tls and (args.policy or cert_file):
+        return _fail("--manage-tls is for a cluster: give neither --policy nor --cert-file")
+    kube = None if args.policy else connect(args.kubeconfig)
+    keeper = None
+    if args.manage_tls:
+        assert kube is not None
+        directory = args.tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
+        keeper = TLSKeeper(kube, certs_commands.target_of(args), directory)
+        paths = keeper.sync()
+        cert_file, key_file = paths.cert_file, paths.key_file
+    elif cert_file is None:
         cert_file, key_file = _self_signed(args.tls_dir)
     settings = Settings(
         host=args.host,
@@ -221,10 +233,9 @@ def serve_forever(args: argparse.Namespace) -> int:
     )
     _use_fast_loop()
     audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
-    if args.policy:
-        app = _standalone_app(settings, audit)
-    else:
-        app = _cluster_app(settings, audit, args.kubeconfig)
+    app = _standalone_app(settings, audit) if kube is None else _cluster_app(settings, audit, kube)
+    if keeper is not None:
+        app.cleanup_ctx.append(_background(keeper.run))
     ssl_context = server_ssl_context(cert_file, key_file)
     app[TLS_RELOADER] = CertificateReloader(ssl_context, cert_file, key_file)
     log.info("serving on https://%s:%d", settings.host, settings.port)
@@ -249,15 +260,30 @@ def _standalone_app(settings: Settings, audit: AuditLog) -> web.Application:
     return create_app(settings, holder, quota=ledger, metrics=metrics, audit=audit)
 
 
-def _cluster_app(settings: Settings, audit: AuditLog, kubeconfig: str | None) -> web.Application:
+def _cluster_app(settings: Settings, audit: AuditLog, kube: Kube) -> web.Application:
     """Serve from the cluster: ConfigMaps, the pod watch and shared usage records."""
     holder = ConfigHolder()
     metrics = Metrics()
-    state = ClusterState(connect(kubeconfig), settings.namespace, holder, metrics)
+    state = ClusterState(kube, settings.namespace, holder, metrics)
     app = create_app(settings, holder, quota=state.ledger, metrics=metrics, audit=audit)
     state.attach(app)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return app
+
+
+def _background(
+    run: Callable[[], Coroutine[Any, Any, None]],
+) -> Callable[[web.Application], AsyncIterator[None]]:
+    """Return a cleanup context that runs `run` for the life of the app."""
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        task = asyncio.create_task(run())
+        yield
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return context
 
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:

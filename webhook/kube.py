@@ -52,6 +52,7 @@ class Kube:
 
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._core = kubernetes.client.CoreV1Api(client)
+        self._admission = kubernetes.client.AdmissionregistrationV1Api(client)
 
     def list_pods(
         self, *, label_selector: str = "", limit: int = 500, token: str | None = None
@@ -118,14 +119,46 @@ class Kube:
         name = body["metadata"]["name"]
         return self._json(self._core.replace_namespaced_config_map, name, namespace, body)
 
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return a pod, or None if it does not exist."""
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Secret, or None if it does not exist."""
         try:
-            return self._json(self._core.read_namespaced_pod, name, namespace)
+            return self._json(self._core.read_namespaced_secret, name, namespace)
         except KubeError as error:
             if error.status == 404:
                 return None
             raise
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Secret; a 409 means someone created it first."""
+        return self._json(self._core.create_namespaced_secret, namespace, body)
+
+    def replace_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Secret at the resourceVersion in `body`; a 409 means it changed."""
+        name = body["metadata"]["name"]
+        return self._json(self._core.replace_namespaced_secret, name, namespace, body)
+
+    def get_webhook_configuration(self, kind: str, name: str) -> dict[str, Any] | None:
+        """Return the Mutating- or ValidatingWebhookConfiguration `name`, or None."""
+        read = (
+            self._admission.read_mutating_webhook_configuration
+            if kind == "mutating"
+            else self._admission.read_validating_webhook_configuration
+        )
+        try:
+            return self._json(read, name)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def replace_webhook_configuration(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a webhook configuration at its resourceVersion; a 409 means it changed."""
+        replace = (
+            self._admission.replace_mutating_webhook_configuration
+            if kind == "mutating"
+            else self._admission.replace_validating_webhook_configuration
+        )
+        return self._json(replace, body["metadata"]["name"], body)
 
     def record_event(
         self,

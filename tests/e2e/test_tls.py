@@ -1,0 +1,235 @@
+"""gpuadm's own TLS in a real cluster: one shared Secret, caBundles kept in step, rotation."""
+
+from __future__ import annotations
+
+import base64
+import copy
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from certs import verify_chain
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.gpuadm import ROOT, shipped_webhook_configurations
+from webhook.kube import Kube
+from webhook.tlskeeper import TLSKeeper, TLSTarget
+
+
+@pytest.fixture
+def target(
+    api_client: kubernetes.client.ApiClient, core_v1: kubernetes.client.CoreV1Api
+) -> Iterator[TLSTarget]:
+    """A namespace and a pair of webhook configurations of its own, that match no pod."""
+    name = f"tls-{uuid.uuid4().hex[:8]}"
+    core_v1.create_namespace({"metadata": {"name": name}})
+    admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
+    for shipped in shipped_webhook_configurations():
+        configuration = copy.deepcopy(shipped)
+        configuration["metadata"]["name"] = name
+        for webhook in configuration["webhooks"]:
+            webhook["clientConfig"] = {"url": "https://127.0.0.1:9/none"}
+            webhook["namespaceSelector"] = {"matchLabels": {"gpuadm.test/never": "true"}}
+        if shipped["kind"].startswith("Mutating"):
+            admission.create_mutating_webhook_configuration(configuration)
+        else:
+            admission.create_validating_webhook_configuration(configuration)
+    yield TLSTarget(name, "gpuadm-tls", name, [f"gpuadm.{name}.svc"], ["127.0.0.1"])
+    admission.delete_mutating_webhook_configuration(name)
+    admission.delete_validating_webhook_configuration(name)
+
+
+def bundles(kube: Kube, name: str) -> list[bytes]:
+    found = []
+    for kind in ("mutating", "validating"):
+        configuration = kube.get_webhook_configuration(kind, name)
+        assert configuration is not None
+        for webhook in configuration["webhooks"]:
+            found.append(base64.b64decode(webhook["clientConfig"]["caBundle"]))
+    return found
+
+
+def keeper(
+    plane: ControlPlane,
+    target: TLSTarget,
+    directory: Path,
+    clock: Callable[[], datetime] = lambda: datetime.now(UTC),
+) -> TLSKeeper:
+    return TLSKeeper(Kube(plane.api_client()), target, directory, clock=clock)
+
+
+def test_two_replicas_starting_at_once_end_with_one_ca(
+    control_plane: ControlPlane, target: TLSTarget, tmp_path: Path
+) -> None:
+    for attempt in range(5):  # each attempt is a fresh race on a fresh Secret
+        name = f"gpuadm-tls-{attempt}"
+        race_target = TLSTarget(
+            target.namespace,
+            name,
+            target.webhook_configuration,
+            target.dns_names,
+            target.ip_addresses,
+        )
+        keepers = [
+            keeper(control_plane, race_target, tmp_path / f"{attempt}-{i}") for i in range(2)
+        ]
+        start = threading.Barrier(2)
+
+        def run(k: TLSKeeper, barrier: threading.Barrier) -> None:
+            barrier.wait()
+            k.sync()
+
+        threads = [threading.Thread(target=run, args=(k, start)) for k in keepers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        first, second = (k.state for k in keepers)
+        assert first is not None
+        assert second is not None
+        assert first.ca.cert_pem == second.ca.cert_pem
+        assert (tmp_path / f"{attempt}-0" / "tls.crt").read_bytes() == (
+            tmp_path / f"{attempt}-1" / "tls.crt"
+        ).read_bytes()
+    kube = Kube(control_plane.api_client())
+    served = (tmp_path / "4-0" / "tls.crt").read_bytes()
+    now = datetime.now(UTC)
+    for bundle in bundles(kube, target.webhook_configuration):
+        verify_chain(served, bundle, hostname_or_ip="127.0.0.1", now=now)
+        verify_chain(served, bundle, hostname_or_ip=target.dns_names[0], now=now)
+
+
+def test_rotation_keeps_trusting_the_old_ca_while_serving_from_the_new(
+    control_plane: ControlPlane, target: TLSTarget, tmp_path: Path
+) -> None:
+    replica = keeper(control_plane, target, tmp_path / "a")
+    replica.sync()
+    before = (tmp_path / "a" / "tls.crt").read_bytes()
+    replica.sync(rotate=True)
+    after = (tmp_path / "a" / "tls.crt").read_bytes()
+    assert before != after
+    now = datetime.now(UTC)
+    for bundle in bundles(Kube(control_plane.api_client()), target.webhook_configuration):
+        assert bundle.count(b"BEGIN CERTIFICATE") == 2
+        verify_chain(before, bundle, hostname_or_ip="127.0.0.1", now=now)
+        verify_chain(after, bundle, hostname_or_ip="127.0.0.1", now=now)
+    other = keeper(control_plane, target, tmp_path / "b")
+    other.sync()
+    assert (tmp_path / "b" / "tls.crt").read_bytes() == after
+
+
+def test_renewal_is_due_by_the_clock_and_keeps_the_ca(
+    control_plane: ControlPlane, target: TLSTarget, tmp_path: Path
+) -> None:
+    now = datetime.now(UTC)
+    replica = keeper(control_plane, target, tmp_path / "a")
+    replica.sync()
+    assert replica.state is not None
+    ca, serving = replica.state.ca, replica.state.serving
+    later = keeper(control_plane, target, tmp_path / "b", clock=lambda: now + timedelta(days=300))
+    later.sync()
+    assert later.state is not None
+    assert later.state.ca == ca
+    assert later.state.serving.not_after > serving.not_after
+
+
+def test_only_gpuadms_own_webhook_configurations_are_touched(
+    control_plane: ControlPlane,
+    api_client: kubernetes.client.ApiClient,
+    target: TLSTarget,
+    tmp_path: Path,
+) -> None:
+    admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
+    bystander = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": f"bystander-{target.namespace}"},
+        "webhooks": [
+            {
+                "name": "bystander.example.com",
+                "clientConfig": {"url": "https://127.0.0.1:9/x"},
+                "admissionReviewVersions": ["v1"],
+                "sideEffects": "None",
+                "namespaceSelector": {"matchLabels": {"gpuadm.test/never": "true"}},
+                "rules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "operations": ["CREATE"],
+                    }
+                ],
+            }
+        ],
+    }
+    admission.create_validating_webhook_configuration(bystander)
+    try:
+        keeper(control_plane, target, tmp_path).sync(rotate=True)
+        stored = admission.read_validating_webhook_configuration(bystander["metadata"]["name"])
+        assert stored.webhooks[0].client_config.ca_bundle is None
+    finally:
+        admission.delete_validating_webhook_configuration(bystander["metadata"]["name"])
+
+
+def test_the_certs_command_installs_shows_and_rotates(
+    control_plane: ControlPlane, target: TLSTarget
+) -> None:
+    common = [
+        "--kubeconfig",
+        str(control_plane.kubeconfig_path),
+        "--namespace",
+        target.namespace,
+        "--webhook-configuration",
+        target.webhook_configuration,
+    ]
+
+    def certs(*args: str) -> str:
+        result = subprocess.run(
+            [sys.executable, "-m", "webhook.cli", "certs", *args, *common],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    assert "caBundle of" in certs("install")
+    shown = certs("show")
+    assert f"gpuadm.{target.namespace}.svc" in shown
+    assert "caBundle holds 1 CA certificate(s)" in shown
+    certs("rotate")
+    assert "caBundle holds 2 CA certificate(s)" in certs("show")
+
+
+def test_a_missing_secret_is_reported_by_show(
+    control_plane: ControlPlane, core_v1: kubernetes.client.CoreV1Api, target: TLSTarget
+) -> None:
+    with pytest.raises(ApiException):
+        core_v1.read_namespaced_secret("gpuadm-tls", target.namespace)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "webhook.cli",
+            "certs",
+            "show",
+            "--kubeconfig",
+            str(control_plane.kubeconfig_path),
+            "--namespace",
+            target.namespace,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 1
+    assert "run `gpuadm certs install`" in result.stdout

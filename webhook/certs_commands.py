@@ -1,0 +1,138 @@
+"""`gpuadm certs`: make, install, show and rotate the webhook's TLS material."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from certs import describe, load_certified_key, renewal_due, service_dns_names, write_tls_dir
+from certs.rotation import issue
+from webhook.kube import Kube, KubeError, connect
+from webhook.tlskeeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `gpuadm certs ...` to the command line."""
+    certs = sub.add_parser("certs", help="make, install, show and rotate TLS material")
+    actions = certs.add_subparsers(dest="certs_command", required=True)
+    generate = actions.add_parser("generate", help="write a CA and serving certificate to DIR")
+    generate.add_argument("--out", type=Path, required=True, help="directory to write to")
+    _names(generate)
+    for name, text in (
+        ("install", "create the Secret if missing, renew what is due, and set the caBundles"),
+        ("rotate", "replace the CA now; the old one stays trusted until it expires"),
+        ("show", "print what is served and trusted, and when it expires"),
+    ):
+        action = actions.add_parser(name, help=text)
+        _names(action)
+        _cluster(action)
+        if name == "show":
+            action.add_argument("--dir", type=Path, help="read files from DIR, not the cluster")
+
+
+def _names(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service", default="gpuadm", help="the webhook Service (default gpuadm)")
+    parser.add_argument(
+        "--namespace", default="gpuadm-system", help="gpuadm's namespace (default gpuadm-system)"
+    )
+    parser.add_argument("--dns", action="append", default=[], help="an extra DNS name to serve")
+    parser.add_argument("--ip", action="append", default=[], help="an IP address to serve")
+
+
+def _cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kubeconfig", help="kubeconfig (default: $KUBECONFIG or ~/.kube/config)")
+    parser.add_argument(
+        "--secret", default="gpuadm-tls", help="the TLS Secret (default gpuadm-tls)"
+    )
+    parser.add_argument(
+        "--webhook-configuration",
+        default="gpuadm",
+        help="name of gpuadm's Mutating- and ValidatingWebhookConfiguration (default gpuadm)",
+    )
+
+
+def target_of(args: argparse.Namespace) -> TLSTarget:
+    """Return what the keeper manages, from the command line."""
+    return TLSTarget(
+        namespace=args.namespace,
+        secret=args.secret,
+        webhook_configuration=args.webhook_configuration,
+        dns_names=[*service_dns_names(args.service, args.namespace), *args.dns],
+        ip_addresses=args.ip,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run one `gpuadm certs` action; return the exit code."""
+    now = datetime.now(UTC)
+    if args.certs_command == "generate":
+        dns = [*service_dns_names(args.service, args.namespace), *args.dns]
+        state = issue(dns_names=dns, ip_addresses=args.ip, now=now)
+        paths = write_tls_dir(args.out, ca=state.ca, serving=state.serving)
+        key = args.out / "ca.key"
+        key.write_bytes(state.ca.key_pem)
+        key.chmod(0o600)
+        print(f"wrote {paths.ca_file}, {key}, {paths.cert_file}, {paths.key_file}")
+        return 0
+    if args.certs_command == "show" and args.dir is not None:
+        return _show_files(args.dir, now)
+    try:
+        kube = connect(args.kubeconfig)
+        if args.certs_command == "show":
+            return _show_cluster(kube, args, now)
+        scratch = Path(tempfile.mkdtemp(prefix="gpuadm-certs-"))
+        keeper = TLSKeeper(kube, target_of(args), scratch)
+        keeper.sync(rotate=args.certs_command == "rotate")
+    except KubeError as error:
+        print(f"gpuadm: {error}", file=sys.stderr)
+        return 1
+    assert keeper.state is not None
+    print(f"Secret {args.namespace}/{args.secret}: serving {describe(keeper.state.serving)}")
+    print(f"CA: {describe(keeper.state.ca)}")
+    print(f"caBundle of {args.webhook_configuration} (mutating and validating) trusts it")
+    return 0
+
+
+def _show_files(directory: Path, now: datetime) -> int:
+    serving = load_certified_key(
+        (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
+    )
+    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
+    ca_file = directory / "ca.crt"
+    if ca_file.exists() and (directory / "ca.key").exists():
+        ca = load_certified_key(ca_file.read_bytes(), (directory / "ca.key").read_bytes())
+        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
+    return 0
+
+
+def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> int:
+    secret = kube.get_secret(args.namespace, args.secret)
+    if secret is None:
+        print(f"no Secret {args.namespace}/{args.secret}; run `gpuadm certs install`")
+        return 1
+    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    serving = load_certified_key(data["tls.crt"], data["tls.key"])
+    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
+    if "ca.key" in data:
+        ca = load_certified_key(data["ca.crt"], data["ca.key"])
+        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
+    for kind in WEBHOOK_KINDS:
+        configuration = kube.get_webhook_configuration(kind, args.webhook_configuration)
+        if configuration is None:
+            print(f"{kind} webhook configuration {args.webhook_configuration}: not found")
+            continue
+        for webhook in configuration.get("webhooks") or []:
+            bundle = base64.b64decode((webhook.get("clientConfig") or {}).get("caBundle") or "")
+            print(
+                f"{kind} webhook {webhook['name']}: caBundle holds "
+                f"{bundle.count(b'BEGIN CERTIFICATE')} CA certificate(s)"
+            )
+    return 0
+
+
+def _due(cert_pem: bytes, now: datetime) -> str:
+    return " (renewal due)" if renewal_due(cert_pem, now=now) else ""
