@@ -1,11 +1,13 @@
-"""Run the test control plane by hand until Ctrl-C.
+"""Run the test control plane and gpuadm by hand until Ctrl-C.
 
 Usage::
 
     python -m tests.e2e.dev_cluster [--kubeconfig PATH]
 
-Starts the same etcd and kube-apiserver the end-to-end tests use, prints how
-to reach them, and stops them cleanly on Ctrl-C or SIGTERM.
+Starts the same etcd and kube-apiserver the end-to-end tests use, and one
+gpuadm registered with the webhook configurations from deploy/base and the
+example policy and quotas; prints how to reach them, and stops everything
+cleanly on Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,7 +21,18 @@ import time
 from pathlib import Path
 from types import FrameType
 
+import kubernetes.client
+
 from tests.e2e.cluster import ControlPlane, ControlPlaneError
+from tests.e2e.gpuadm import (
+    NAMESPACE,
+    ROOT,
+    GpuadmProcess,
+    make_tls,
+    put_configmap,
+    register_webhooks,
+    wait_until,
+)
 
 HEALTH_CHECK_SECONDS = 1.0
 
@@ -64,6 +77,12 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path) -> str:
             f"  {curl}",
             f"  {python}",
             "",
+            "gpuadm serves the example policy and quotas (ConfigMaps gpuadm-policy and",
+            f"gpuadm-quotas in namespace {NAMESPACE}); try, with kubectl:",
+            "  kubectl create namespace team-a",
+            "  kubectl create -f examples/pods/a100-half.yaml",
+            "  kubectl get pod notebook -n team-a -o yaml",
+            "",
             "Press Ctrl-C to stop.",
         ]
     )
@@ -78,12 +97,33 @@ def stop_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def serve(plane: ControlPlane, kubeconfig: Path) -> None:
+def start_gpuadm(plane: ControlPlane) -> GpuadmProcess:
+    """Start one gpuadm on the example config, registered as deploy/base ships it."""
+    with plane.api_client() as api:
+        core = kubernetes.client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+        for name, key in (("gpuadm-policy", "policy.yaml"), ("gpuadm-quotas", "quotas.yaml")):
+            put_configmap(core, name, key, (ROOT / "examples" / key).read_text())
+        tls = make_tls(plane.workdir / "gpuadm-tls")
+        gpuadm = GpuadmProcess(plane, tls, plane.workdir, 0)
+        gpuadm.start()
+        wait_until(gpuadm.ready, "gpuadm ready", gpuadm.log_tail)
+        url = f"https://127.0.0.1:{gpuadm.port}"
+        register_webhooks(
+            api, tls.ca_file, mutate_url=f"{url}/mutate", validate_url=f"{url}/validate"
+        )
+    print(f"gpuadm is serving on {url} (log: {gpuadm.log_path})", flush=True)
+    return gpuadm
+
+
+def serve(plane: ControlPlane, kubeconfig: Path, gpuadm: GpuadmProcess) -> None:
     """Print the usage hint, then block until interrupted or a process dies."""
     print(usage_hint(plane, kubeconfig), flush=True)
     try:
         while True:
             plane.raise_if_exited()
+            if gpuadm.process is not None and gpuadm.process.poll() is not None:
+                raise ControlPlaneError(f"gpuadm exited:\n{gpuadm.log_tail()}")
             time.sleep(HEALTH_CHECK_SECONDS)
     except KeyboardInterrupt:
         print("\nStopping the control plane.", flush=True)
@@ -99,9 +139,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.kubeconfig is not None:
                 # copy() keeps the owner-only mode: the file holds the admin token.
                 kubeconfig = Path(shutil.copy(plane.kubeconfig_path, args.kubeconfig))
+            gpuadm = start_gpuadm(plane)
             try:
-                serve(plane, kubeconfig)
+                serve(plane, kubeconfig, gpuadm)
             finally:
+                gpuadm.stop()
                 if args.kubeconfig is not None:
                     kubeconfig.unlink(missing_ok=True)
     except ControlPlaneError as error:
