@@ -1,0 +1,1 @@
+"""gpuadm's benchmarks: every figure is a ratio against a baseline measured in the same run."""
