@@ -106,20 +106,21 @@ def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _F
     resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
-    found = _Found(ref)
+    found: _Found | None = None
     for key in (*limits, *(k for k in requests if k not in limits)):
-        class_key = policy.class_key(key)
-        if class_key is None and policy.in_domain(key):
+        kind = policy.resource_kind(key)
+        if kind is None:
+            continue
+        if kind == "unknown-class":
             known = ", ".join(sorted(policy.classes))
             raise Denial(f"{ref}: {key} names no GPU class (classes: {known})")
-        if class_key is None and not policy.is_gpu_resource(key):
-            continue
         value, amount = _agreed_value(ref, key, limits, requests)
-        if class_key is not None:
-            found.class_values[key] = (*class_key, amount, value)
+        found = found or _Found(ref)
+        if kind != "raw":
+            found.class_values[key] = (*kind, amount, value)
         elif amount != 0:
             found.raw[key] = amount
-    return found if found.class_values or found.raw else None
+    return found if found and (found.class_values or found.raw) else None
 
 
 def _agreed_value(
@@ -256,7 +257,9 @@ def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
     container runs alone beside the sidecars started before it. The pod needs the larger of
     the running sum and the largest init step.
     """
-    running = sidecars = largest_step = Fraction(0)
+    running: Fraction | int = 0
+    sidecars: Fraction | int = 0
+    largest_step: Fraction | int = 0
     # `iter_containers` yields init containers first, each list in order.
     for ref, charge in charges:
         if ref.kind == "containers":
@@ -265,4 +268,4 @@ def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
             sidecars += charge
         else:
             largest_step = max(largest_step, sidecars + charge)
-    return max(running + sidecars, largest_step)
+    return Fraction(max(running + sidecars, largest_step))

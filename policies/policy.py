@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -22,8 +22,8 @@ def _default_resource_names() -> frozenset[str]:
     """Return the resource names every backend uses out of the box."""
     names: set[str] = set()
     for backend in BACKENDS:
-        for field in backend.model_fields.values():
-            default = field.default
+        for info in backend.model_fields.values():
+            default = info.default
             if isinstance(default, str) and "/" in default:
                 names.add(default)
             elif isinstance(default, Model):
@@ -37,6 +37,9 @@ class _Lookup:
     raw_names: frozenset[str]
     raw_prefixes: tuple[str, ...]
     domain_prefix: str
+    kinds: dict[str, tuple[str, bool] | Literal["raw", "unknown-class"] | None] = field(
+        default_factory=dict
+    )
 
 
 class Policy(Model):
@@ -101,6 +104,25 @@ class Policy(Model):
     def class_key(self, name: str) -> tuple[str, bool] | None:
         """Map `D/<class>` or `D/<class>-memory` to (class, is_memory), or None."""
         return self._lookup.keys.get(name)
+
+    def resource_kind(self, name: str) -> tuple[str, bool] | Literal["raw", "unknown-class"] | None:
+        """Classify a resource name: a class key, a raw GPU resource, a key of the domain that
+        names no class, or None (not about GPUs); remembered, since names recur."""
+        kinds = self._lookup.kinds
+        if name in kinds:
+            return kinds[name]
+        kind: tuple[str, bool] | Literal["raw", "unknown-class"] | None
+        if (class_key := self.class_key(name)) is not None:
+            kind = class_key
+        elif self.in_domain(name):
+            kind = "unknown-class"
+        elif self.is_gpu_resource(name):
+            kind = "raw"
+        else:
+            kind = None
+        if len(kinds) < 4096:  # names come from users: keep the memory bounded
+            kinds[name] = kind
+        return kind
 
     def in_domain(self, key: str) -> bool:
         """Tell whether a key (resource, label, annotation) is under the policy's domain."""

@@ -70,6 +70,7 @@ def _parse_text(value: str) -> Fraction:
     return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
 
 
+@functools.lru_cache(maxsize=1024)
 def format_amount(amount: Fraction) -> str:
     """Write an amount as a plain decimal when it has one (``0.5``, ``2``), else ``p/q``."""
     if amount.denominator == 1:
