@@ -4,11 +4,11 @@ Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes
 """
 
 from policies.errors import Denial
-from policies.final import check_final, check_update
+from policies.final import check_final, check_update, require_fixed_point
 from policies.loading import ConfigError, load_policy, load_quotas
 from policies.policy import Policy
 from policies.quotas import QuotaConfig
-from policies.rewrite import Plan, plan, pod_charge
+from policies.rewrite import Plan, plan, plan_inputs, pod_charge
 
 __all__ = [
     "ConfigError",
@@ -21,5 +21,7 @@ __all__ = [
     "load_policy",
     "load_quotas",
     "plan",
+    "plan_inputs",
     "pod_charge",
+    "require_fixed_point",
 ]

@@ -20,7 +20,11 @@ def check_final(
     is not was never seen by the mutating webhook (it failed open, e.g. while unreachable),
     so it is refused with a message to retry rather than let through to the wrong scheduler.
     """
-    result = plan(pod, policy, namespace_default_class=namespace_default_class)
+    return require_fixed_point(plan(pod, policy, namespace_default_class=namespace_default_class))
+
+
+def require_fixed_point(result: Plan) -> Plan:
+    """Return the plan of a stored pod if it changes nothing, else raise the retry `Denial`."""
     if result.patch:
         fields = ", ".join(sorted({op["path"] for op in result.patch}))
         raise Denial(

@@ -37,6 +37,7 @@ class _Lookup:
     raw_names: frozenset[str]
     raw_prefixes: tuple[str, ...]
     domain_prefix: str
+    backend_annotations: list[str]
     kinds: dict[str, tuple[str, bool] | Literal["raw", "unknown-class"] | None] = field(
         default_factory=dict
     )
@@ -99,7 +100,8 @@ class Policy(Model):
             prefix = getattr(gpu_class, "resource_prefix", None)
             if prefix:
                 prefixes.add(prefix)
-        return _Lookup(keys, frozenset(names), tuple(sorted(prefixes)), self.domain + "/")
+        written = sorted({key for c in self.classes.values() for key in c.annotations()})
+        return _Lookup(keys, frozenset(names), tuple(sorted(prefixes)), self.domain + "/", written)
 
     def class_key(self, name: str) -> tuple[str, bool] | None:
         """Map `D/<class>` or `D/<class>-memory` to (class, is_memory), or None."""
@@ -132,6 +134,11 @@ class Policy(Model):
         """Tell whether a raw resource name belongs to any GPU stack gpuadm knows."""
         lookup = self._lookup
         return name in lookup.raw_names or name.startswith(lookup.raw_prefixes)
+
+    @property
+    def backend_annotation_keys(self) -> list[str]:
+        """Return the annotation keys backends write (e.g. HAMi's `nvidia.com/use-gputype`)."""
+        return self._lookup.backend_annotations
 
     @property
     def class_annotation(self) -> str:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+import orjson
+
 from policies.asks import Grant
 from policies.classes import ClassBase, rounding_warning
 from policies.demand import ContainerDemand, PodDemand, effective_demand, read_demand
@@ -67,6 +69,42 @@ def plan(
     patch += _metadata_ops(pod, policy, demand, charge)
     patch += _spec_ops(spec, demand.gpu_class)
     return Plan(demand.class_name, charge, patch, tuple(dict.fromkeys(warnings)))
+
+
+def plan_inputs(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> bytes:
+    """Return, canonically encoded, every part of a pod that `plan` reads, and nothing else.
+
+    Two pods with the same inputs get the same plan (or the same denial), so a caller may
+    remember plans by this key: the pods of one ReplicaSet or Job differ only in what `plan`
+    does not read (names, uids, most labels and annotations, images, env).
+    """
+    metadata = pod.get("metadata") or {}
+    annotations = metadata.get("annotations") or {}
+    labels = metadata.get("labels") or {}
+    spec = pod.get("spec") or {}
+    owned = [key for key in annotations if policy.in_domain(key)]
+    owned += policy.backend_annotation_keys
+    return orjson.dumps(
+        [
+            [
+                [
+                    (c.get("name"), c.get("restartPolicy"), c.get("resources"))
+                    for c in spec.get(kind) or ()
+                    if isinstance(c, Mapping)
+                ]
+                for kind in ("initContainers", "containers")
+            ],
+            [spec.get(f) for f in ("schedulerName", "nodeName", "affinity", "tolerations")],
+            bool(annotations),
+            {key: annotations.get(key) for key in owned},
+            bool(labels),
+            labels.get(policy.class_annotation),
+            namespace_default_class,
+        ],
+        option=orjson.OPT_SORT_KEYS,
+    )
 
 
 def pod_charge(

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies import Denial, Plan, check_final, check_update, plan
+from policies import Denial, Plan, check_update, require_fixed_point
 from webhook import response
 from webhook.config import ConfigSnapshot
 from webhook.quota import QuotaGate, QuotaOutcome
@@ -61,11 +61,7 @@ def mutate(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
     if request.operation != "CREATE" or _exempt(request, config):
         return ALLOWED
     try:
-        result = plan(
-            request.object,
-            config.policy,
-            namespace_default_class=config.quotas.default_class_for(request.namespace),
-        )
+        result = config.plan(request.object, request.namespace)
     except Denial as denial:
         return Decision("denied", denial.message)
     outcome: Outcome = "mutated" if result.patch else "allowed"
@@ -83,11 +79,7 @@ async def validate(
     if request.operation != "CREATE":
         return ALLOWED
     try:
-        result = check_final(
-            request.object,
-            config.policy,
-            namespace_default_class=config.quotas.default_class_for(request.namespace),
-        )
+        result = require_fixed_point(config.plan(request.object, request.namespace))
     except Denial as denial:
         return Decision("denied", denial.message)
     if result.class_name is None:

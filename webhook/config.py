@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
-from policies import Policy, QuotaConfig, load_policy, load_quotas
+from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas
+from webhook.plans import PlanMemo
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,6 +19,15 @@ class ConfigSnapshot:
     quotas: QuotaConfig
     policy_revision: str
     quotas_revision: str
+    plans: PlanMemo = field(init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "plans", PlanMemo(self.policy))
+
+    def plan(self, pod: Mapping[str, Any], namespace: str) -> Plan:
+        """Return the plan of a pod in a namespace under this config, or raise `Denial`."""
+        default_class = self.quotas.default_class_for(namespace)
+        return self.plans.plan(pod, namespace_default_class=default_class)
 
 
 def revision_of(text: str) -> str:

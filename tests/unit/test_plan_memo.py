@@ -1,0 +1,114 @@
+"""The plan memo: a remembered plan is the plan, and the key holds all that plan reads."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+
+from policies import Denial, plan, plan_inputs
+from tests.unit.conftest import pod
+from tests.unit.test_properties import POLICY, pods
+from webhook.plans import PlanMemo
+
+
+def fresh(body: dict[str, Any]) -> Any:
+    try:
+        return plan(body, POLICY)
+    except Denial as denial:
+        return denial.message
+
+
+def memoized(memo: PlanMemo, body: dict[str, Any]) -> Any:
+    try:
+        return memo.plan(body, namespace_default_class=None)
+    except Denial as denial:
+        return denial.message
+
+
+@settings(max_examples=300)
+@given(pods(), pods())
+def test_a_remembered_plan_is_the_plan(first: dict[str, Any], second: dict[str, Any]) -> None:
+    memo = PlanMemo(POLICY)
+    for body in (first, second, first, second):
+        assert memoized(memo, body) == fresh(body)
+
+
+def unrelated_changes(body: dict[str, Any]) -> dict[str, Any]:
+    changed = copy.deepcopy(body)
+    metadata = changed["metadata"]
+    metadata["name"] = "another"
+    metadata["uid"] = "1234"
+    metadata.setdefault("labels", {"app": "x"})["pod-template-hash"] = "abc"
+    metadata.setdefault("annotations", {"note": "x"})["example.com/run"] = "7"
+    for c in changed["spec"]["containers"]:
+        c["image"] = "registry.invalid/other:2"
+        c["env"] = [{"name": "A", "value": "1"}]
+    return changed
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(pod({"gpuadm.io/a100": "0.5"}, annotations={"a": "b"}), id="class-share"),
+        pytest.param(
+            pod({"nvidia.com/gpu": "1"}, annotations={"gpuadm.io/class": "l4"}), id="untyped"
+        ),
+    ],
+)
+def test_pods_of_one_template_share_a_key(body: dict[str, Any]) -> None:
+    body["metadata"]["labels"] = {"app": "train"}
+    assert plan_inputs(body, POLICY) == plan_inputs(unrelated_changes(body), POLICY)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param(
+            lambda p: p["metadata"]["annotations"].update({"gpuadm.io/class": "t4"}),
+            id="class-annotation",
+        ),
+        pytest.param(lambda p: p["metadata"]["labels"].clear(), id="labels-emptied"),
+        pytest.param(
+            lambda p: p["metadata"]["labels"].update({"gpuadm.io/class": "x"}), id="class-label"
+        ),
+        pytest.param(lambda p: p["spec"].update(schedulerName="other"), id="scheduler"),
+        pytest.param(lambda p: p["spec"].update(nodeName="n1"), id="node-name"),
+        pytest.param(
+            lambda p: p["spec"]["containers"][0]["resources"]["limits"].update(
+                {"gpuadm.io/a100": "1"}
+            ),
+            id="resources",
+        ),
+        pytest.param(
+            lambda p: p["spec"]["containers"][0].update(name="renamed"), id="container-name"
+        ),
+        pytest.param(
+            lambda p: p["metadata"]["annotations"].update({"nvidia.com/use-gputype": "A100"}),
+            id="backend-annotation",
+        ),
+    ],
+)
+def test_what_plan_reads_changes_the_key(change: Any) -> None:
+    body = pod({"gpuadm.io/a100": "0.5"}, annotations={"a": "b"})
+    body["metadata"]["labels"] = {"app": "train"}
+    changed = copy.deepcopy(body)
+    change(changed)
+    assert plan_inputs(body, POLICY) != plan_inputs(changed, POLICY)
+
+
+def test_the_namespace_default_class_is_part_of_the_key() -> None:
+    body = pod({"nvidia.com/gpu": "1"})
+    assert plan_inputs(body, POLICY, namespace_default_class="h100") != plan_inputs(body, POLICY)
+
+
+def test_the_memo_is_bounded_and_counts_hits() -> None:
+    memo = PlanMemo(POLICY, size=2)
+    bodies = [pod({"gpuadm.io/h100": str(n)}) for n in (1, 2, 3)]
+    for body in bodies:
+        memo.plan(body, namespace_default_class=None)
+    memo.plan(bodies[2], namespace_default_class=None)
+    assert memo.hits == 1
+    assert len(memo) == 2
