@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: help install run test test-fast lint controlplane dev-cluster bench clean
+.PHONY: help install run test test-fast lint controlplane tools dev-cluster bench clean
 
 help:
 	@echo "make run          serve gpuadm on https://127.0.0.1:8443 with the bundled example config"
@@ -14,6 +14,7 @@ help:
 	@echo "make test-fast    the tests that need no control plane"
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
 	@echo "make controlplane build kube-apiserver and etcd for the end-to-end suite (cached)"
+	@echo "make tools        build kustomize and helm, to render deploy/ in the tests (cached)"
 	@echo "make dev-cluster  a local apiserver + etcd + gpuadm to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
 
@@ -38,19 +39,22 @@ lint: $(STAMP)
 controlplane:
 	bash tests/e2e/controlplane/build.sh
 
+tools:
+	bash deploy/tools/install.sh >/dev/null
+
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
-test: lint $(STAMP) controlplane
+test: lint $(STAMP) controlplane tools
 	$(BIN)/pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken" >&2; fi; \
 	exit $$status
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) tools
 	$(BIN)/pytest -m "not e2e"
 
 dev-cluster: $(STAMP) controlplane
 	$(BIN)/python -m tests.e2e.dev_cluster
 
-bench: $(STAMP)
+bench: $(STAMP) controlplane
 	$(BIN)/python -m bench
 
 clean:

@@ -1,0 +1,93 @@
+{{/*
+Object names are fixed, not derived from the release name: gpuadm looks up its ConfigMaps
+(gpuadm-policy, gpuadm-quotas), its Secret (gpuadm-tls) and its webhook configurations
+(gpuadm) by these names, and the webhook configurations are cluster-wide, so a cluster runs
+one gpuadm.
+*/}}
+
+{{- define "gpuadm.selectorLabels" -}}
+app.kubernetes.io/name: gpuadm
+{{- end }}
+
+{{- define "gpuadm.labels" -}}
+{{ include "gpuadm.selectorLabels" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/* The prefix of gpuadm's own keys: policy.domain, as gpuadm reads it. */}}
+{{- define "gpuadm.domain" -}}
+{{- .Values.policy.domain | default "gpuadm.io" -}}
+{{- end }}
+
+{{/*
+namespaceSelector of both webhooks: never the excluded namespaces nor gpuadm's own; and
+only the namespaces of webhook.onlyNamespaces when it is set.
+*/}}
+{{- define "gpuadm.namespaceSelector" -}}
+{{- $never := concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq -}}
+{{- with .Values.webhook.onlyNamespaces }}
+{{- range . }}
+{{- if has . $never }}
+{{- fail (printf "webhook.onlyNamespaces: %q is a namespace gpuadm must never see" .) }}
+{{- end }}
+{{- end -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: In
+    values: {{ toJson . }}
+{{- else -}}
+matchExpressions:
+  - key: kubernetes.io/metadata.name
+    operator: NotIn
+    values: {{ toJson $never }}
+{{- end }}
+{{- end }}
+
+{{/*
+A CEL string literal of a resource name. The names go into an expression verbatim, so one
+that is not a valid resource name (a quote, a space) is refused here rather than by the
+apiserver at install time.
+*/}}
+{{- define "gpuadm.celResourceName" -}}
+{{- if not (regexMatch "^[A-Za-z0-9][-A-Za-z0-9_./]*$" .) }}
+{{- fail (printf "gpuResources: %q is not a resource name or prefix" .) }}
+{{- end }}
+{{- squote . }}
+{{- end }}
+
+{{/*
+CEL, true when any container or init container names a GPU resource in its limits or
+requests: a key under one of the prefixes, or one of the names. Built from gpuResources and
+policy.domain so that the list lives in values.yaml only.
+*/}}
+{{- define "gpuadm.asksForGpus" -}}
+{{- $prefixes := concat (list (printf "%s/" (include "gpuadm.domain" .))) .Values.gpuResources.prefixes .Values.gpuResources.extraPrefixes | uniq -}}
+{{- $names := concat .Values.gpuResources.names .Values.gpuResources.extraNames | uniq -}}
+object != null && has(object.spec) && (
+  (has(object.spec.containers) ? object.spec.containers : []) +
+  (has(object.spec.initContainers) ? object.spec.initContainers : [])
+).exists(c, has(c.resources) && (
+  (has(c.resources.limits) ? c.resources.limits.map(k, k) : []) +
+  (has(c.resources.requests) ? c.resources.requests.map(k, k) : [])
+).exists(k,
+{{- range $prefixes }}
+  k.startsWith({{ include "gpuadm.celResourceName" . }}) ||
+{{- end }}
+  k in [
+{{- range $i, $name := $names }}
+    {{ include "gpuadm.celResourceName" $name }}{{ if lt $i (sub (len $names) 1) }},{{ end }}
+{{- end }}
+  ]
+))
+{{- end }}
+
+{{/* CEL, true when the old or the new pod has a label or annotation under policy.domain. */}}
+{{- define "gpuadm.touchesGpuadmKeys" -}}
+[object, oldObject].exists(o, o != null && has(o.metadata) && (
+  (has(o.metadata.labels) ? o.metadata.labels.map(k, k) : []) +
+  (has(o.metadata.annotations) ? o.metadata.annotations.map(k, k) : [])
+).exists(k, k.startsWith({{ printf "%s/" (include "gpuadm.domain" .) | squote }})))
+{{- end }}

@@ -1,0 +1,860 @@
+"""The deploy manifests, as kustomize and Helm render them.
+
+Every rendered object is checked against the Kubernetes API schema of the official Python
+client, unknown fields included; the safe defaults are asserted one by one; the kustomize and
+Helm renders must agree object for object; and the webhooks' matchConditions are evaluated
+with a CEL runtime against sample admission requests.
+
+kustomize and helm are built from their Go modules by deploy/tools/install.sh on first use
+(about 11 minutes on two cores, then cached). Without Go these tests fail, saying so.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+import os
+import re
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+from cel_expr_python import cel
+
+REPO = Path(__file__).resolve().parents[2]
+INSTALL_SCRIPT = REPO / "deploy" / "tools" / "install.sh"
+EXAMPLES = REPO / "examples"
+NAMESPACE = "gpuadm-system"
+CERT_MANAGER_GROUP = "cert-manager.io"
+
+Obj = dict[str, Any]
+
+HELM_TEMPLATE = ("template", "gpuadm", "deploy/helm/gpuadm")
+RENDERS: dict[str, tuple[str, ...]] = {
+    "kustomize-base": ("kustomize", "build", "deploy/base"),
+    "kustomize-cert-manager": ("kustomize", "build", "deploy/cert-manager"),
+    "kustomize-mounted-secret": ("kustomize", "build", "deploy/mounted-secret"),
+    "helm": ("helm", *HELM_TEMPLATE, "--namespace", NAMESPACE),
+    "helm-cert-manager": (
+        "helm",
+        *HELM_TEMPLATE,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "certManager.enabled=true",
+    ),
+}
+WITH_CERT_MANAGER = {"kustomize-cert-manager", "helm-cert-manager"}
+# Renders whose pods serve a mounted Secret rather than managing their own TLS.
+MOUNTING_THE_SECRET = {*WITH_CERT_MANAGER, "kustomize-mounted-secret"}
+# Each kustomize render and the Helm render that must match it.
+COUNTERPARTS = [("kustomize-base", "helm"), ("kustomize-cert-manager", "helm-cert-manager")]
+
+GPU_RESOURCE_NAMES = [
+    "nvidia.com/gpu",
+    "nvidia.com/gpumem",
+    "nvidia.com/gpucores",
+    "nvidia.com/gpumem-percentage",
+    "nvidia.com/gpu.shared",
+    "tencent.com/vcuda-core",
+    "tencent.com/vcuda-memory",
+    "aliyun.com/gpu-mem",
+    "volcano.sh/vgpu-number",
+    "volcano.sh/vgpu-memory",
+    "volcano.sh/vgpu-cores",
+]
+
+
+# --- rendering ----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def tools() -> dict[str, Path]:
+    """Paths of kustomize and helm, built by deploy/tools/install.sh if not yet cached."""
+    result = subprocess.run(
+        ["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        pytest.fail(
+            f"deploy/tools/install.sh exited {result.returncode}:\n{result.stderr}",
+            pytrace=False,
+        )
+    bin_dirs = [Path(d) for d in result.stdout.strip().splitlines()[-1].split(os.pathsep)]
+    found = {}
+    for name in ("kustomize", "helm"):
+        paths = [d / name for d in bin_dirs if (d / name).is_file()]
+        assert paths, f"install.sh printed {bin_dirs}, none of which holds {name}"
+        found[name] = paths[0]
+    return found
+
+
+Render = Callable[..., list[Obj]]
+
+
+@pytest.fixture(scope="session")
+def render(tools: dict[str, Path]) -> Render:
+    """render(NAME, *extra helm args) -> the objects of that render, a fresh copy each call."""
+    outputs: dict[tuple[str, ...], str] = {}
+
+    def run(name: str, *extra: str) -> list[Obj]:
+        tool, *args = RENDERS[name]
+        argv = (str(tools[tool]), *args, *extra)
+        if argv not in outputs:
+            result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, check=False)
+            assert result.returncode == 0, f"{' '.join(argv)} failed:\n{result.stderr}"
+            outputs[argv] = result.stdout
+        return [doc for doc in yaml.safe_load_all(outputs[argv]) if doc]
+
+    return run
+
+
+@dataclass
+class Rendered:
+    name: str
+    objects: list[Obj]
+
+    def all(self, kind: str) -> list[Obj]:
+        return [o for o in self.objects if o["kind"] == kind]
+
+    def one(self, kind: str, name: str = "gpuadm") -> Obj:
+        matches = [o for o in self.all(kind) if o["metadata"]["name"] == name]
+        assert len(matches) == 1, f"{self.name}: {len(matches)} {kind} named {name!r}"
+        return matches[0]
+
+
+@pytest.fixture(params=list(RENDERS))
+def rendered(request: pytest.FixtureRequest, render: Render) -> Rendered:
+    return Rendered(request.param, render(request.param))
+
+
+# --- the schema check ---------------------------------------------------------------------
+
+
+class _FakeResponse:
+    """What ApiClient.deserialize reads before client 37: an object with the body in `.data`."""
+
+    def __init__(self, text: str) -> None:
+        self.data = text
+
+
+def deserialize(api_client: kubernetes.client.ApiClient, obj: Obj, model: str) -> object:
+    """Build the client's model of `obj`, as the client does with an API response."""
+    text = json.dumps(obj)
+    # Client 37 takes the body itself and its content type; earlier ones a response object.
+    if "content_type" in inspect.signature(api_client.deserialize).parameters:
+        return api_client.deserialize(text, model, "application/json")
+    return api_client.deserialize(_FakeResponse(text), model)
+
+
+def model_name(api_version: str, kind: str) -> str:
+    """The client's model class for a kind: apps/v1 Deployment -> V1Deployment."""
+    version = api_version.rpartition("/")[2]
+    return version[0].upper() + version[1:] + kind
+
+
+# The client spells its container types `list[T]` and `dict(str, T)` before version 37, and
+# `List[T]` and `Dict[str, T]` from then on.
+_LIST_TYPE = re.compile(r"[Ll]ist\[(.+)\]")
+_DICT_TYPE = re.compile(r"(?:dict\(|Dict\[)str, (.+)[)\]]")
+
+
+def unknown_fields(value: Any, openapi_type: str, path: str) -> Iterator[str]:
+    """Fields of `value` that the client's model for `openapi_type` does not know.
+
+    The client drops unknown fields silently when it deserializes, so this walk is what
+    catches a typo such as `readinessProbes`. It also insists that int and bool fields hold
+    ints and bools, which the deserializer would coerce.
+    """
+    if list_of := _LIST_TYPE.fullmatch(openapi_type):
+        for i, item in enumerate(value):
+            yield from unknown_fields(item, list_of[1], f"{path}[{i}]")
+    elif dict_of := _DICT_TYPE.fullmatch(openapi_type):
+        for key, item in value.items():
+            yield from unknown_fields(item, dict_of[1], f"{path}.{key}")
+    elif openapi_type == "int":
+        if not isinstance(value, int) or isinstance(value, bool):
+            yield f"{path}: {value!r} is not an integer"
+    elif openapi_type == "bool":
+        if not isinstance(value, bool):
+            yield f"{path}: {value!r} is not a boolean"
+    elif hasattr(kubernetes.client.models, openapi_type):
+        model = getattr(kubernetes.client.models, openapi_type)
+        if not isinstance(value, dict):
+            yield f"{path}: {value!r} is not an object ({openapi_type})"
+            return
+        attribute_of = {key: attribute for attribute, key in model.attribute_map.items()}
+        for key, item in value.items():
+            if key not in attribute_of:
+                yield f"{path}.{key}: unknown field of {openapi_type}"
+            else:
+                child_type = model.openapi_types[attribute_of[key]]
+                yield from unknown_fields(item, child_type, f"{path}.{key}")
+
+
+def schema_errors(api_client: kubernetes.client.ApiClient, obj: Obj) -> list[str]:
+    """Why the official client's model rejects `obj`, or [] if it fits."""
+    name = model_name(obj["apiVersion"], obj["kind"])
+    where = f"{obj['kind']}/{obj['metadata']['name']}"
+    if not hasattr(kubernetes.client.models, name):
+        return [f"{where}: no model {name} in the kubernetes client"]
+    try:
+        deserialize(api_client, obj, name)
+    except (ValueError, TypeError) as error:
+        return [f"{where}: {error}"]
+    return list(unknown_fields(obj, name, where))
+
+
+# cert-manager's CRDs are not in the client: the fields these manifests may use, by hand,
+# from the cert-manager.io/v1 API reference. A name maps to its own fields, or to None.
+CERTIFICATE_FIELDS = {
+    "secretName": None,
+    "commonName": None,
+    "dnsNames": None,
+    "duration": None,
+    "renewBefore": None,
+    "isCA": None,
+    "usages": None,
+    "privateKey": {"algorithm": None, "size": None, "encoding": None, "rotationPolicy": None},
+    "issuerRef": {"name": None, "kind": None, "group": None},
+}
+ISSUER_FIELDS = {"selfSigned": {}, "ca": {"secretName": None}}
+
+
+def cert_manager_errors(obj: Obj) -> list[str]:
+    """Missing required fields and unknown fields of a cert-manager Issuer or Certificate."""
+    where = f"{obj['kind']}/{obj['metadata']['name']}"
+    errors = []
+    if obj["apiVersion"] != f"{CERT_MANAGER_GROUP}/v1":
+        errors.append(f"{where}: apiVersion {obj['apiVersion']}, want {CERT_MANAGER_GROUP}/v1")
+    if set(obj) - {"apiVersion", "kind", "metadata", "spec"}:
+        errors.append(f"{where}: unknown top-level fields {set(obj) - {'spec', 'metadata'}}")
+    spec = obj.get("spec", {})
+    if obj["kind"] == "Certificate":
+        fields: dict[str, Any] = CERTIFICATE_FIELDS
+        for required in ("secretName", "issuerRef"):
+            if required not in spec:
+                errors.append(f"{where}: spec.{required} is required")
+        if "name" not in spec.get("issuerRef", {}):
+            errors.append(f"{where}: spec.issuerRef.name is required")
+        if not (spec.get("commonName") or spec.get("dnsNames")):
+            errors.append(f"{where}: needs a commonName or dnsNames")
+    elif obj["kind"] == "Issuer":
+        fields = ISSUER_FIELDS
+        if len(spec) != 1:
+            errors.append(f"{where}: spec must name exactly one issuer type, has {list(spec)}")
+    else:
+        return [f"{where}: unexpected cert-manager kind"]
+    errors.extend(_unknown_keys(spec, fields, f"{where}.spec"))
+    return errors
+
+
+def _unknown_keys(value: Obj, fields: dict[str, Any], path: str) -> Iterator[str]:
+    for key, item in value.items():
+        if key not in fields:
+            yield f"{path}.{key}: unknown field"
+        elif fields[key] is not None:
+            yield from _unknown_keys(item, fields[key], f"{path}.{key}")
+
+
+@pytest.fixture(scope="session")
+def api_client() -> Iterator[kubernetes.client.ApiClient]:
+    with kubernetes.client.ApiClient() as client:
+        yield client
+
+
+def test_every_object_fits_its_api_schema(
+    rendered: Rendered, api_client: kubernetes.client.ApiClient
+) -> None:
+    errors = []
+    for obj in rendered.objects:
+        if obj["apiVersion"].startswith(f"{CERT_MANAGER_GROUP}/"):
+            errors.extend(cert_manager_errors(obj))
+        else:
+            errors.extend(schema_errors(api_client, obj))
+    assert errors == []
+
+
+def _first_container(deployment: Obj) -> Obj:
+    container: Obj = deployment["spec"]["template"]["spec"]["containers"][0]
+    return container
+
+
+# The expected errors are patterns: before version 37 the client's models report a missing
+# field in their own words and leave type checks to unknown_fields; from 37 on they are
+# pydantic models, which report both.
+@pytest.mark.parametrize(
+    ("break_it", "expected"),
+    [
+        pytest.param(
+            lambda d: _first_container(d).update(
+                readinessProbes=_first_container(d).pop("readinessProbe")
+            ),
+            r"containers\[0\]\.readinessProbes: unknown field of V1Container",
+            id="misspelt-field",
+        ),
+        pytest.param(
+            lambda d: _first_container(d).pop("name"),
+            r"\bname\b.*\bNone",
+            id="missing-required-field",
+        ),
+        pytest.param(
+            lambda d: d["spec"].update(replicas="3"),
+            r"replicas\b.*'3'",
+            id="string-for-an-int",
+        ),
+    ],
+)
+def test_schema_check_catches_broken_objects(
+    break_it: Callable[[Obj], object],
+    expected: str,
+    render: Render,
+    api_client: kubernetes.client.ApiClient,
+) -> None:
+    deployment = Rendered("kustomize-base", render("kustomize-base")).one("Deployment")
+    assert schema_errors(api_client, deployment) == []
+    break_it(deployment)
+    errors = schema_errors(api_client, deployment)
+    assert any(re.search(expected, error, re.DOTALL) for error in errors), errors
+
+
+def test_cert_manager_check_catches_a_misspelt_field(render: Render) -> None:
+    certificate = Rendered("cm", render("kustomize-cert-manager")).one("Certificate")
+    assert cert_manager_errors(certificate) == []
+    certificate["spec"]["renewBefor"] = certificate["spec"].pop("renewBefore")
+    assert cert_manager_errors(certificate) == ["Certificate/gpuadm.spec.renewBefor: unknown field"]
+
+
+# --- safe defaults --------------------------------------------------------------------------
+
+
+def test_namespaced_objects_are_in_gpuadm_namespace(rendered: Rendered) -> None:
+    cluster_scoped = {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+    }
+    for obj in rendered.objects:
+        expected = None if obj["kind"] in cluster_scoped else NAMESPACE
+        assert obj["metadata"].get("namespace") == expected, obj["metadata"]["name"]
+
+
+def _excluded_namespaces(webhook: Obj) -> set[str]:
+    (expression,) = webhook["namespaceSelector"]["matchExpressions"]
+    assert expression["key"] == "kubernetes.io/metadata.name"
+    assert expression["operator"] == "NotIn"
+    return set(expression["values"])
+
+
+def _pod_rule(*operations: str) -> Obj:
+    return {
+        "apiGroups": [""],
+        "apiVersions": ["v1"],
+        "resources": ["pods"],
+        "operations": list(operations),
+        "scope": "Namespaced",
+    }
+
+
+def _check_common_webhook_settings(webhook: Obj, path: str) -> None:
+    assert webhook["admissionReviewVersions"] == ["v1"]
+    assert webhook["sideEffects"] == "NoneOnDryRun"
+    assert 1 <= webhook["timeoutSeconds"] <= 10
+    assert webhook["clientConfig"]["service"] == {
+        "name": "gpuadm",
+        "namespace": NAMESPACE,
+        "path": path,
+        "port": 443,
+    }
+    assert "url" not in webhook["clientConfig"]
+    assert _excluded_namespaces(webhook) >= {"kube-system", NAMESPACE}
+    assert webhook["matchConditions"]
+
+
+def test_mutating_webhook_fails_open_and_is_reinvoked(rendered: Rendered) -> None:
+    (webhook,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    assert webhook["name"] == "mutate.gpuadm.io"
+    _check_common_webhook_settings(webhook, "/mutate")
+    assert webhook["rules"] == [_pod_rule("CREATE")]
+    assert webhook["failurePolicy"] == "Ignore"
+    assert webhook["reinvocationPolicy"] == "IfNeeded"
+
+
+def test_validating_webhook_fails_closed(rendered: Rendered) -> None:
+    (webhook,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    assert webhook["name"] == "validate.gpuadm.io"
+    _check_common_webhook_settings(webhook, "/validate")
+    assert webhook["rules"] == [_pod_rule("CREATE", "UPDATE")]
+    assert webhook["failurePolicy"] == "Fail"
+
+
+def _pod_labels(rendered: Rendered) -> dict[str, str]:
+    labels: dict[str, str] = rendered.one("Deployment")["spec"]["template"]["metadata"]["labels"]
+    return labels
+
+
+def _selects_gpuadm_pods(selector: dict[str, str], rendered: Rendered) -> bool:
+    pod_labels = _pod_labels(rendered)
+    return bool(selector) and all(pod_labels.get(k) == v for k, v in selector.items())
+
+
+def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
+    deployment = rendered.one("Deployment")
+    assert deployment["spec"]["replicas"] == 3
+    assert _selects_gpuadm_pods(deployment["spec"]["selector"]["matchLabels"], rendered)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "gpuadm"
+    assert pod["automountServiceAccountToken"] is True
+    assert "priorityClassName" not in pod
+    assert pod["securityContext"] == {
+        "runAsNonRoot": True,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    (anti_affinity,) = pod["affinity"]["podAntiAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert anti_affinity["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert _selects_gpuadm_pods(
+        anti_affinity["podAffinityTerm"]["labelSelector"]["matchLabels"], rendered
+    )
+    for spread in pod["topologySpreadConstraints"]:
+        assert _selects_gpuadm_pods(spread["labelSelector"]["matchLabels"], rendered)
+
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.1.0"
+    serve = ["gpuadm", "serve", "--namespace", "$(POD_NAMESPACE)"]
+    mounted = ["--cert-file", "/etc/gpuadm/tls/tls.crt", "--key-file", "/etc/gpuadm/tls/tls.key"]
+    managed = ["--manage-tls", "--tls-dir", "/tmp/tls"]
+    mounting = rendered.name in MOUNTING_THE_SECRET
+    assert container["command"] == serve + (mounted if mounting else managed)
+    assert container["env"] == [
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
+    ]
+    assert container["ports"] == [{"name": "https", "containerPort": 8443, "protocol": "TCP"}]
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
+    assert container["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if mounting:
+        assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/gpuadm/tls", "readOnly": True}
+        assert volumes["tls"]["secret"] == {"secretName": "gpuadm-tls"}
+    else:
+        assert "tls" not in mounts
+        assert "tls" not in volumes
+    assert mounts["tmp"]["mountPath"] == "/tmp"
+    assert "emptyDir" in volumes["tmp"]
+
+
+def test_pod_disruption_budget_keeps_two_replicas_up(rendered: Rendered) -> None:
+    spec = rendered.one("PodDisruptionBudget")["spec"]
+    assert spec.get("maxUnavailable") == 1 or spec.get("minAvailable") == 2
+    assert _selects_gpuadm_pods(spec["selector"]["matchLabels"], rendered)
+
+
+def test_service_sends_443_to_the_webhook_port(rendered: Rendered) -> None:
+    spec = rendered.one("Service")["spec"]
+    assert spec["ports"] == [{"name": "https", "port": 443, "targetPort": 8443, "protocol": "TCP"}]
+    assert _selects_gpuadm_pods(spec["selector"], rendered)
+
+
+def _rules(role: Obj) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]:
+    """Rules flattened to (apiGroup, resource, resourceNames, sorted verbs), sorted."""
+    return sorted(
+        (group, resource, tuple(rule.get("resourceNames", ())), tuple(sorted(rule["verbs"])))
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+    )
+
+
+def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
+    read = ("get", "list", "watch")
+    webhook_write = ("get", "patch", "update")
+    assert _rules(rendered.one("ClusterRole")) == sorted(
+        [
+            ("", "namespaces", (), read),
+            ("", "pods", (), read),
+            (
+                "admissionregistration.k8s.io",
+                "mutatingwebhookconfigurations",
+                ("gpuadm",),
+                webhook_write,
+            ),
+            (
+                "admissionregistration.k8s.io",
+                "validatingwebhookconfigurations",
+                ("gpuadm",),
+                webhook_write,
+            ),
+        ]
+    )
+    assert _rules(rendered.one("Role")) == sorted(
+        [
+            ("", "configmaps", (), ("create", "get", "list", "patch", "update", "watch")),
+            ("", "events", (), ("create", "patch")),
+            ("", "secrets", ("gpuadm-tls",), ("get", "patch", "update")),
+            ("", "secrets", (), ("create",)),
+        ]
+    )
+    for kind in ("ClusterRole", "Role"):
+        for group, resource, _, verbs in _rules(rendered.one(kind)):
+            assert "*" not in (group, resource, *verbs)
+    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
+        binding = rendered.one(binding_kind)
+        assert binding["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": role_kind,
+            "name": "gpuadm",
+        }
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "gpuadm", "namespace": NAMESPACE}
+        ]
+    assert rendered.one("ServiceAccount")
+
+
+def test_network_policy_allows_the_webhook_port_apiserver_and_dns_only(
+    rendered: Rendered,
+) -> None:
+    spec = rendered.one("NetworkPolicy")["spec"]
+    assert _selects_gpuadm_pods(spec["podSelector"]["matchLabels"], rendered)
+    assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
+    assert spec["ingress"] == [{"ports": [{"port": 8443, "protocol": "TCP"}]}]
+    egress_ports = sorted(
+        (port["port"], port["protocol"]) for rule in spec["egress"] for port in rule["ports"]
+    )
+    assert egress_ports == [(53, "TCP"), (53, "UDP"), (443, "TCP"), (6443, "TCP")]
+
+
+def test_configmaps_hold_the_example_config(rendered: Rendered) -> None:
+    for name, key in (("gpuadm-policy", "policy.yaml"), ("gpuadm-quotas", "quotas.yaml")):
+        data = rendered.one("ConfigMap", name)["data"]
+        assert list(data) == [key]
+        assert yaml.safe_load(data[key]) == yaml.safe_load((EXAMPLES / key).read_text())
+
+
+@pytest.mark.parametrize("key", ["policy.yaml", "quotas.yaml"])
+def test_kustomize_config_copies_match_the_examples(key: str) -> None:
+    copied = REPO / "deploy" / "base" / "config" / key
+    assert copied.read_text() == (EXAMPLES / key).read_text(), (
+        f"{copied.relative_to(REPO)} has drifted from examples/{key}: copy it again"
+    )
+
+
+def test_cert_manager_issues_the_serving_certificate(rendered: Rendered) -> None:
+    inject = "cert-manager.io/inject-ca-from"
+    webhook_configs = [
+        rendered.one("MutatingWebhookConfiguration"),
+        rendered.one("ValidatingWebhookConfiguration"),
+    ]
+    if rendered.name not in WITH_CERT_MANAGER:
+        assert rendered.all("Certificate") == rendered.all("Issuer") == []
+        for config in webhook_configs:
+            assert inject not in config["metadata"].get("annotations", {})
+        return
+    for config in webhook_configs:
+        assert config["metadata"]["annotations"][inject] == f"{NAMESPACE}/gpuadm"
+    serving = rendered.one("Certificate", "gpuadm")["spec"]
+    assert serving["secretName"] == "gpuadm-tls"
+    assert serving["dnsNames"] == [
+        "gpuadm",
+        f"gpuadm.{NAMESPACE}",
+        f"gpuadm.{NAMESPACE}.svc",
+        f"gpuadm.{NAMESPACE}.svc.cluster.local",
+    ]
+    assert serving["privateKey"]["algorithm"] == "ECDSA"
+    assert serving["privateKey"]["size"] == 256
+    assert (serving["duration"], serving["renewBefore"]) == ("8760h", "2920h")
+    # The chain: self-signed issuer -> CA certificate -> CA issuer -> serving certificate.
+    ca_issuer = rendered.one("Issuer", serving["issuerRef"]["name"])["spec"]
+    ca = next(
+        c["spec"]
+        for c in rendered.all("Certificate")
+        if c["spec"]["secretName"] == ca_issuer["ca"]["secretName"]
+    )
+    assert ca["isCA"] is True
+    assert rendered.one("Issuer", ca["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
+
+
+# --- kustomize and Helm agree -----------------------------------------------------------------
+
+
+def _comparable(obj: Obj) -> Obj:
+    """An object without what may differ between renders: labels, YAML and CEL layout."""
+    obj = copy.deepcopy(obj)
+    obj["metadata"].pop("labels", None)
+    if obj["kind"] == "Deployment":
+        obj["spec"]["template"]["metadata"].pop("labels")
+    if obj["kind"] == "ConfigMap":
+        obj["data"] = {key: yaml.safe_load(text) for key, text in obj["data"].items()}
+    for webhook in obj.get("webhooks", []):
+        for condition in webhook["matchConditions"]:
+            condition["expression"] = " ".join(condition["expression"].split())
+    return obj
+
+
+@pytest.mark.parametrize(("kustomize", "helm"), COUNTERPARTS)
+def test_kustomize_and_helm_render_the_same_objects(
+    kustomize: str, helm: str, render: Render
+) -> None:
+    # Helm leaves the namespace to `--create-namespace`; everything else must match.
+    def by_key(name: str) -> dict[tuple[str, str], Obj]:
+        return {
+            (o["kind"], o["metadata"]["name"]): _comparable(o)
+            for o in render(name)
+            if o["kind"] != "Namespace"
+        }
+
+    from_kustomize, from_helm = by_key(kustomize), by_key(helm)
+    assert sorted(from_kustomize) == sorted(from_helm)
+    for key, obj in from_kustomize.items():
+        assert obj == from_helm[key], f"{key} differs"
+
+
+def test_helm_follows_the_release_namespace(render: Render) -> None:
+    rendered = Rendered("helm", render("helm", "--namespace", "gpu-admission"))
+    for obj in rendered.objects:
+        assert obj["metadata"].get("namespace") in (None, "gpu-admission")
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (webhook,) = rendered.one(kind)["webhooks"]
+        assert webhook["clientConfig"]["service"]["namespace"] == "gpu-admission"
+        assert _excluded_namespaces(webhook) == {"kube-system", "gpu-admission"}
+    (subject,) = rendered.one("ClusterRoleBinding")["subjects"]
+    assert subject["namespace"] == "gpu-admission"
+
+
+def test_helm_can_narrow_the_webhooks_to_one_namespace(render: Render) -> None:
+    rendered = Rendered("helm", render("helm", "--set", "webhook.onlyNamespaces={team-a}"))
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (webhook,) = rendered.one(kind)["webhooks"]
+        assert webhook["namespaceSelector"] == {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+            ]
+        }
+
+
+def test_helm_refuses_to_narrow_the_webhooks_to_an_excluded_namespace(render: Render) -> None:
+    with pytest.raises(AssertionError, match='"kube-system" is a namespace gpuadm must never see'):
+        render("helm", "--set", "webhook.onlyNamespaces={team-a,kube-system}")
+
+
+def test_helm_refuses_a_resource_name_that_would_break_the_cel(render: Render) -> None:
+    with pytest.raises(AssertionError, match="is not a resource name or prefix"):
+        render("helm", "--set", "gpuResources.extraNames={example.com/gpu'}")
+
+
+# --- the CEL of the matchConditions ------------------------------------------------------------
+
+CEL_ENV = cel.NewEnv(variables={name: cel.Type.DYN for name in ("object", "oldObject", "request")})
+
+
+def sent_to_webhook(webhook: Obj, operation: str, new: Obj | None, old: Obj | None) -> bool:
+    """Whether every matchCondition holds, as the apiserver decides whether to call."""
+    data = {"object": new, "oldObject": old, "request": {"operation": operation}}
+    results = []
+    for condition in webhook["matchConditions"]:
+        value = CEL_ENV.compile(condition["expression"]).eval(data=data)
+        # An error is not false: the apiserver would apply the failurePolicy to it.
+        assert value.type() == cel.Type.BOOL, f"{condition['name']}: {value.value()}"
+        results.append(value.value())
+    return all(results)
+
+
+def container(*, limits: Obj | None = None, requests: Obj | None = None) -> Obj:
+    resources = {"limits": limits, "requests": requests}
+    return {
+        "name": "main",
+        "image": "busybox",
+        "resources": {k: v for k, v in resources.items() if v is not None},
+    }
+
+
+def pod(
+    *containers: Obj,
+    init: tuple[Obj, ...] = (),
+    labels: Obj | None = None,
+    annotations: Obj | None = None,
+) -> Obj:
+    spec: Obj = {"containers": list(containers)}
+    if init:
+        spec["initContainers"] = list(init)
+    metadata: Obj = {"name": "p", "namespace": "team-a"}
+    if labels:
+        metadata["labels"] = labels
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+CPU_ONLY = pod(container(limits={"cpu": "1", "memory": "1Gi"}))
+GPU_POD = pod(container(limits={"nvidia.com/gpu": "1"}, requests={"nvidia.com/gpu": "1"}))
+
+CREATE_CASES = [
+    pytest.param(pod(container(limits={"gpuadm.io/a100": "0.5"})), True, id="class-share"),
+    pytest.param(
+        pod(container(requests={"gpuadm.io/t4-memory": "4Gi"})), True, id="class-memory-in-requests"
+    ),
+    pytest.param(
+        pod(container(limits={"cpu": "1"}), init=(container(limits={"nvidia.com/gpu": "1"}),)),
+        True,
+        id="nvidia-gpu-in-init-container",
+    ),
+    pytest.param(
+        pod(container(limits={"nvidia.com/mig-1g.10gb": "1"})), True, id="mig-profile-prefix"
+    ),
+    *(
+        pytest.param(pod(container(limits={name: "1"})), True, id=f"raw-{name}")
+        for name in GPU_RESOURCE_NAMES
+    ),
+    pytest.param(CPU_ONLY, False, id="cpu-only"),
+    pytest.param(pod(container()), False, id="no-resources"),
+    pytest.param(
+        pod(container(limits={"example.com/fpga": "1", "nvidia.com/gpus": "1"})),
+        False,
+        id="near-miss-names",
+    ),
+    pytest.param(
+        pod(container(limits={"cpu": "1"}), labels={"gpuadm.io/class": "a100"}),
+        False,
+        id="gpuadm-label-but-no-gpu-resource",
+    ),
+    pytest.param(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "spec": {}},
+        False,
+        id="no-containers-field",
+    ),
+]
+
+
+@pytest.fixture(params=["kustomize-base", "helm"])
+def webhooks(request: pytest.FixtureRequest, render: Render) -> tuple[Obj, Obj]:
+    """The mutating and the validating webhook of one render."""
+    rendered = Rendered(request.param, render(request.param))
+    (mutating,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    (validating,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    return mutating, validating
+
+
+@pytest.mark.parametrize(("new", "expected"), CREATE_CASES)
+def test_create_reaches_both_webhooks_only_for_gpu_pods(
+    new: Obj, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    mutating, validating = webhooks
+    assert sent_to_webhook(mutating, "CREATE", new, None) is expected
+    assert sent_to_webhook(validating, "CREATE", new, None) is expected
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "expected"),
+    [
+        pytest.param(
+            pod(container(), labels={"gpuadm.io/class": "a100"}),
+            pod(container()),
+            True,
+            id="label-removed",
+        ),
+        pytest.param(
+            CPU_ONLY,
+            pod(container(), annotations={"gpuadm.io/demand": "a100=4"}),
+            True,
+            id="annotation-forged",
+        ),
+        pytest.param(
+            pod(container(), annotations={"gpuadm.io/class": "t4"}),
+            pod(container(), annotations={"gpuadm.io/class": "t4"}, labels={"team": "x"}),
+            True,
+            id="other-edit-of-a-gpuadm-pod",
+        ),
+        pytest.param(GPU_POD, GPU_POD, False, id="gpu-pod-without-gpuadm-keys"),
+        pytest.param(
+            pod(container(), labels={"app": "x"}, annotations={"example.com/gpuadm.io": "x"}),
+            pod(container(), labels={"app": "y"}),
+            False,
+            id="no-gpuadm-keys",
+        ),
+    ],
+)
+def test_update_reaches_the_validating_webhook_only_for_gpuadm_keys(
+    old: Obj, new: Obj, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    _, validating = webhooks
+    assert sent_to_webhook(validating, "UPDATE", new, old) is expected
+
+
+def test_match_conditions_survive_a_missing_object(webhooks: tuple[Obj, Obj]) -> None:
+    mutating, validating = webhooks
+    assert sent_to_webhook(mutating, "DELETE", None, GPU_POD) is False
+    assert sent_to_webhook(validating, "UPDATE", None, None) is False
+
+
+def test_helm_adds_extra_gpu_resources_to_both_webhooks(render: Render) -> None:
+    rendered = Rendered(
+        "helm",
+        render(
+            "helm",
+            "--set",
+            "gpuResources.extraNames={example.com/gpu}",
+            "--set",
+            "gpuResources.extraPrefixes={example.com/mig-}",
+        ),
+    )
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        (webhook,) = rendered.one(kind)["webhooks"]
+        for name in ("example.com/gpu", "example.com/mig-2g.20gb", "nvidia.com/gpu"):
+            assert sent_to_webhook(webhook, "CREATE", pod(container(limits={name: "1"})), None)
+        assert not sent_to_webhook(webhook, "CREATE", CPU_ONLY, None)
+
+
+def test_helm_match_conditions_follow_the_policy_domain(render: Render) -> None:
+    rendered = Rendered("helm", render("helm", "--set", "policy.domain=gpu.example.org"))
+    (mutating,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    (validating,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    ask = pod(container(limits={"gpu.example.org/a100": "1"}))
+    assert sent_to_webhook(mutating, "CREATE", ask, None)
+    assert not sent_to_webhook(
+        mutating, "CREATE", pod(container(limits={"gpuadm.io/a100": "1"})), None
+    )
+    labelled = pod(container(), labels={"gpu.example.org/class": "a100"})
+    assert sent_to_webhook(validating, "UPDATE", labelled, CPU_ONLY)
+
+
+# --- the install script -----------------------------------------------------------------------
+
+
+def test_install_script_without_go_says_what_to_install(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "cat"):
+        real = subprocess.run(
+            ["bash", "-c", f"command -v {tool}"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+        (bin_dir / tool).symlink_to(real)
+    result = subprocess.run(
+        [str(bin_dir / "bash"), str(INSTALL_SCRIPT)],
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "Go is not installed" in result.stderr
+    assert "Install Go 1.26 or newer" in result.stderr
