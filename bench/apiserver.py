@@ -23,11 +23,13 @@ from tests.e2e.gpuadm import (
 from tests.unit.conftest import POLICY_YAML
 
 
-def create_latencies(core: kubernetes.client.CoreV1Api, namespace: str, count: int) -> list[float]:
+def create_latencies(
+    core: kubernetes.client.CoreV1Api, namespace: str, count: int, prefix: str
+) -> list[float]:
     """Create `count` one-GPU pods one after another; return each create's latency."""
     latencies = []
     for index in range(count):
-        body = pod_body({"gpuadm.io/h100": "1"}, name=f"p-{index}")
+        body = pod_body({"gpuadm.io/h100": "1"}, name=f"{prefix}-{index}")
         started = time.perf_counter()
         core.create_namespaced_pod(namespace, body, _preload_content=False)
         latencies.append(time.perf_counter() - started)
@@ -44,8 +46,8 @@ def measure(count: int = 200) -> dict[str, float]:
         core = kubernetes.client.CoreV1Api(api)
         for name in ("bare", "gated", NAMESPACE):
             core.create_namespace({"metadata": {"name": name}})
-        create_latencies(core, "bare", 20)  # warm the apiserver's caches
-        without = create_latencies(core, "bare", count)
+        create_latencies(core, "bare", 20, "warm")  # warm the apiserver's caches
+        without = create_latencies(core, "bare", count, "p")
 
         tls = make_tls(Path(workdir) / "tls")
         put_configmap(core, "gpuadm-policy", "policy.yaml", POLICY_YAML)
@@ -60,8 +62,8 @@ def measure(count: int = 200) -> dict[str, float]:
             register_webhooks(
                 api, tls.ca_file, mutate_url=f"{url}/mutate", validate_url=f"{url}/validate"
             )
-            create_latencies(core, "gated", 20)
-            with_gpuadm = create_latencies(core, "gated", count)
+            create_latencies(core, "gated", 20, "warm")
+            with_gpuadm = create_latencies(core, "gated", count, "p")
         finally:
             gpuadm.stop()
     return {

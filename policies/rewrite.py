@@ -33,13 +33,8 @@ class Plan:
     charge: Fraction
     patch: Patch
     warnings: tuple[str, ...]
-
-    @property
-    def demand(self) -> str | None:
-        """Return the normalized demand, e.g. `a100=0.5`, or None for a pod without GPUs."""
-        if self.class_name is None:
-            return None
-        return f"{self.class_name}={format_amount(self.charge)}"
+    # The normalized demand, e.g. `a100=0.5`, or None for a pod without GPUs.
+    demand: str | None = None
 
 
 NO_GPU = Plan(None, Fraction(0), [], ())
@@ -68,7 +63,8 @@ def plan(
     _check_scheduler(spec, demand)
     patch += _metadata_ops(pod, policy, demand, charge)
     patch += _spec_ops(spec, demand.gpu_class)
-    return Plan(demand.class_name, charge, patch, tuple(dict.fromkeys(warnings)))
+    demand_text = f"{demand.class_name}={format_amount(charge)}"
+    return Plan(demand.class_name, charge, patch, tuple(dict.fromkeys(warnings)), demand_text)
 
 
 def plan_inputs(
