@@ -25,7 +25,8 @@ from typing import Any
 from bench import load
 from bench.quota import judgement_seconds, resident_megabytes
 from bench.reviews import mutate_and_validate_bodies
-from tests.e2e.gpuadm import free_port, make_tls
+from tests.e2e.gpuadm import make_tls
+from tests.support import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parents[1]

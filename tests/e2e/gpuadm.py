@@ -9,7 +9,6 @@ import contextlib
 import itertools
 import os
 import re
-import socket
 import ssl
 import subprocess
 import sys
@@ -28,19 +27,12 @@ from kubernetes.client.exceptions import ApiException
 
 from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
 from tests.e2e.cluster import ControlPlane
+from tests.support import free_port
 from webhook.config import revision_of
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
-
-
-def free_port() -> int:
-    """Return a free TCP port on loopback."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_tls(directory: Path) -> TLSPaths:

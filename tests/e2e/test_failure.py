@@ -7,7 +7,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.fixtures import Deployment
-from tests.e2e.gpuadm import free_port, register_webhooks
+from tests.e2e.gpuadm import register_webhooks
+from tests.support import free_port
 
 
 @pytest.fixture

@@ -17,17 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.support import free_port
 from tests.unit.conftest import pod
 from tests.unit.test_server import review
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class Server:
