@@ -42,6 +42,9 @@ def test_every_rendered_object_is_accepted_by_the_apiserver(
             name=obj["metadata"]["name"],
             namespace=namespace,
             field_manager="gpuadm-e2e",
+            # Other tests wrote some of these objects (the ConfigMaps) already; a dry run
+            # only asks whether the apiserver accepts ours.
+            force_conflicts=True,
             dry_run="All",
         )
         applied.append(f"{obj['kind']}/{obj['metadata']['name']}")

@@ -108,9 +108,10 @@ async def create_concurrently(plane: ControlPlane, namespace: str, count: int) -
         return await asyncio.gather(*(create(i) for i in range(count)))
 
 
+@pytest.mark.parametrize("run", [1, 2, 3])
 @pytest.mark.parametrize("replicas", [1, 3])
 def test_fifty_concurrent_creates_against_room_for_ten_store_exactly_ten(
-    gpuadm: Deployment, control_plane: ControlPlane, namespace: str, replicas: int
+    gpuadm: Deployment, control_plane: ControlPlane, namespace: str, replicas: int, run: int
 ) -> None:
     serving = gpuadm.route(replicas)
     try:
