@@ -174,9 +174,15 @@ def print_table(results: dict[str, Any]) -> None:
     )
     api = results.get("apiserver")
     if api:
+        open_ms = api["with_no_quota_ms"]
+        print(
+            f"{'pod create via apiserver, no quota (ms)':<44}{open_ms:>14.2f}"
+            f"{api['without_ms']:>14.2f}{open_ms / api['without_ms']:>9.2f}"
+            f"  +{open_ms - api['without_ms']:.2f} ms (< 10)"
+        )
         added = api["with_ms"] - api["without_ms"]
         print(
-            f"{'pod create via apiserver, median (ms)':<44}{api['with_ms']:>14.2f}"
+            f"{'pod create via apiserver, under quota (ms)':<44}{api['with_ms']:>14.2f}"
             f"{api['without_ms']:>14.2f}{api['with_ms'] / api['without_ms']:>9.2f}"
             f"  +{added:.2f} ms (< 10)"
         )

@@ -37,14 +37,15 @@ def create_latencies(
 
 
 def measure(count: int = 200) -> dict[str, float]:
-    """Return median create latencies without gpuadm, and with it (quota enforced)."""
+    """Return median create latencies without gpuadm, with it in a namespace without quota,
+    and with it in a namespace under quota (where each admission also writes a reservation)."""
     with (
         ControlPlane() as plane,
         tempfile.TemporaryDirectory() as workdir,
         plane.api_client() as api,
     ):
         core = kubernetes.client.CoreV1Api(api)
-        for name in ("bare", "gated", NAMESPACE):
+        for name in ("bare", "open", "gated", NAMESPACE):
             core.create_namespace({"metadata": {"name": name}})
         create_latencies(core, "bare", 20, "warm")  # warm the apiserver's caches
         without = create_latencies(core, "bare", count, "p")
@@ -62,12 +63,15 @@ def measure(count: int = 200) -> dict[str, float]:
             register_webhooks(
                 api, tls.ca_file, mutate_url=f"{url}/mutate", validate_url=f"{url}/validate"
             )
+            create_latencies(core, "open", 20, "warm")
+            without_quota = create_latencies(core, "open", count, "p")
             create_latencies(core, "gated", 20, "warm")
             with_gpuadm = create_latencies(core, "gated", count, "p")
         finally:
             gpuadm.stop()
     return {
         "without_ms": statistics.median(without) * 1000,
+        "with_no_quota_ms": statistics.median(without_quota) * 1000,
         "with_ms": statistics.median(with_gpuadm) * 1000,
         "count": count,
     }

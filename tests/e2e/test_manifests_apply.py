@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import contextlib
+import uuid
 
 import kubernetes.client
 import pytest
-from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from tests.unit.test_manifests import RENDERS, Render, render, tools  # noqa: F401
@@ -22,11 +21,11 @@ def test_every_rendered_object_is_accepted_by_the_apiserver(
     render: Render,  # noqa: F811
     name: str,
 ) -> None:
-    # A dry run does not create the Namespace, and namespaced objects need it to exist.
-    with contextlib.suppress(ApiException):
-        kubernetes.client.CoreV1Api(api_client).create_namespace(
-            {"metadata": {"name": "gpuadm-system"}}
-        )
+    # Into a namespace of its own, and under names of its own for cluster-wide objects, so
+    # that the suite's running gpuadm (registered by other fixtures) is never touched.
+    suffix = uuid.uuid4().hex[:8]
+    target = f"manifests-{suffix}"
+    kubernetes.client.CoreV1Api(api_client).create_namespace({"metadata": {"name": target}})
     dynamic = DynamicClient(api_client)
     applied = []
     for obj in render(name):
@@ -34,20 +33,24 @@ def test_every_rendered_object_is_accepted_by_the_apiserver(
         if group in NOT_SERVED_HERE:
             continue
         resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        namespace = obj["metadata"].get("namespace") if resource.namespaced else None
-        if resource.namespaced and namespace is None:
-            namespace = "gpuadm-system"
+        if resource.namespaced:
+            obj["metadata"]["namespace"] = target
+        else:
+            obj["metadata"]["name"] = f"{obj['metadata']['name']}-{suffix}"
         resource.server_side_apply(
             body=obj,
             name=obj["metadata"]["name"],
-            namespace=namespace,
+            namespace=obj["metadata"].get("namespace"),
             field_manager="gpuadm-e2e",
-            # Other tests wrote some of these objects (the ConfigMaps) already; a dry run
-            # only asks whether the apiserver accepts ours.
-            force_conflicts=True,
             dry_run="All",
         )
-        applied.append(f"{obj['kind']}/{obj['metadata']['name']}")
-    assert "Deployment/gpuadm" in applied
-    assert "MutatingWebhookConfiguration/gpuadm" in applied
-    assert "ValidatingWebhookConfiguration/gpuadm" in applied
+        applied.append(obj["kind"])
+    assert {
+        "Deployment",
+        "MutatingWebhookConfiguration",
+        "ValidatingWebhookConfiguration",
+        "ClusterRole",
+        "Role",
+        "Service",
+        "PodDisruptionBudget",
+    } <= set(applied)
