@@ -7,11 +7,9 @@ import asyncio
 import base64
 import contextlib
 import itertools
-import os
 import re
 import ssl
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
@@ -27,10 +25,9 @@ from kubernetes.client.exceptions import ApiException
 
 from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
 from tests.e2e.cluster import ControlPlane
-from tests.support import free_port
+from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
 from webhook.config import revision_of
 
-ROOT = Path(__file__).resolve().parents[2]
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
 
@@ -57,30 +54,19 @@ class GpuadmProcess:
     def start(self) -> None:
         """Start the process and wait until it is listening."""
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "webhook.cli",
-                    "serve",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(self.port),
-                    "--namespace",
-                    NAMESPACE,
-                    "--kubeconfig",
-                    str(self._plane.kubeconfig_path),
-                    "--cert-file",
-                    str(self._tls.cert_file),
-                    "--key-file",
-                    str(self._tls.key_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            self.process = spawn_serve(
+                self.port,
+                "--namespace",
+                NAMESPACE,
+                "--kubeconfig",
+                str(self._plane.kubeconfig_path),
+                "--cert-file",
+                str(self._tls.cert_file),
+                "--key-file",
+                str(self._tls.key_file),
+                log=log,
             )
+        wait_until_listening(self.process, self.port, self.log_tail)
         wait_until(
             lambda: self._get("/healthz")[0] == 200, f"gpuadm on port {self.port}", self.log_tail
         )

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import ssl
 import subprocess
 import sys
@@ -17,11 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from tests.support import free_port
+from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
 from tests.unit.conftest import pod
 from tests.unit.test_server import review
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 class Server:
@@ -31,42 +27,18 @@ class Server:
         self.port = free_port()
         self.tls_dir = tmp_path / "tls"
         self.log = (tmp_path / "serve.log").open("w")
-        self.process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "webhook.cli",
-                "serve",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(self.port),
-                "--tls-dir",
-                str(self.tls_dir),
-                "--policy",
-                str(policy),
-                "--quotas",
-                str(quotas),
-            ],
-            cwd=ROOT,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        self.process = spawn_serve(
+            self.port,
+            "--tls-dir",
+            str(self.tls_dir),
+            "--policy",
+            str(policy),
+            "--quotas",
+            str(quotas),
+            log=self.log,
         )
-        self._wait_until_listening()
+        wait_until_listening(self.process, self.port, Path(self.log.name).read_text)
         self.ssl = ssl.create_default_context(cafile=self.tls_dir / "ca.crt")
-
-    def _wait_until_listening(self) -> None:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise AssertionError(f"gpuadm serve exited: {Path(self.log.name).read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return
-            except OSError:
-                time.sleep(0.1)
-        raise AssertionError("gpuadm serve did not listen within 30 s")
 
     def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         async def call() -> tuple[int, dict[str, Any]]:
