@@ -67,7 +67,6 @@ class QuotaLedger:
         self.metrics = metrics
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._records: dict[str, Record] = {}
-        self.conflicts = 0
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -86,7 +85,6 @@ class QuotaLedger:
                 try:
                     return await self._attempt(request, plan, config, limits)
                 except Conflict:
-                    self.conflicts += 1
                     if self.metrics is not None:
                         self.metrics.record_conflicts.inc()
                     self._records.pop(namespace, None)
