@@ -34,7 +34,7 @@ from webhook.cluster import ClusterState
 from webhook.config import ConfigHolder, ConfigSnapshot
 from webhook.files import read_snapshot
 from webhook.keys import TLS_RELOADER
-from webhook.kube import Kube, connect
+from webhook.kube import Kube, KubeError, connect
 from webhook.ledger import QuotaLedger
 from webhook.metrics import Metrics
 from webhook.reservations import MemoryStore
@@ -211,13 +211,19 @@ def serve_forever(args: argparse.Namespace) -> int:
         return _fail("give --cert-file and --key-file together")
     if args.manage_tls and (args.policy or cert_file):
         return _fail("--manage-tls is for a cluster: give neither --policy nor --cert-file")
-    kube = None if args.policy else connect(args.kubeconfig)
+    try:
+        kube = None if args.policy else connect(args.kubeconfig)
+    except KubeError as error:
+        return _fail(f"{error} (give --policy FILE to run standalone, without a cluster)")
     keeper = None
     if args.manage_tls:
         assert kube is not None
         directory = args.tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
         keeper = TLSKeeper(kube, certs_commands.target_of(args), directory)
-        paths = keeper.sync()
+        try:
+            paths = keeper.sync()
+        except KubeError as error:
+            return _fail(f"cannot set up TLS from Secret {args.tls_secret}: {error}")
         cert_file, key_file = paths.cert_file, paths.key_file
     elif cert_file is None:
         cert_file, key_file = _self_signed(args.tls_dir)

@@ -39,11 +39,14 @@ class Page:
 
 def connect(kubeconfig: str | None) -> Kube:
     """Connect with a kubeconfig file, or in-cluster with the pod's service account."""
-    if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-        client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
-    else:
-        kubernetes.config.load_incluster_config()
-        client = kubernetes.client.ApiClient()
+    try:
+        if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        else:
+            kubernetes.config.load_incluster_config()
+            client = kubernetes.client.ApiClient()
+    except (kubernetes.config.ConfigException, OSError) as error:
+        raise KubeError(0, f"cannot reach a cluster: {error}") from None
     return Kube(client)
 
 

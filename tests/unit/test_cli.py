@@ -149,3 +149,27 @@ def test_review_judges_the_pod_against_the_namespace_quota(
     assert main(["review", str(path), "--policy", str(POLICY), "--quotas", str(QUOTAS)]) == 1
     out = capsys.readouterr().out
     assert 'namespace "team-a": a100 quota exceeded: requested 5, in use 0 of 4' in out
+
+
+def test_serve_without_policy_or_cluster_says_what_to_do(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main(["serve", "--log-format", "text"]) == 2
+    error = capsys.readouterr().err
+    assert "cannot reach a cluster" in error
+    assert "give --policy FILE to run standalone" in error
+
+
+def test_certs_generate_writes_a_ca_and_a_serving_pair(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "tls"
+    assert main(["certs", "generate", "--out", str(out), "--ip", "10.0.0.9"]) == 0
+    assert {p.name for p in out.iterdir()} == {"ca.crt", "ca.key", "tls.crt", "tls.key"}
+    assert oct((out / "ca.key").stat().st_mode)[-3:] == "600"
+    assert main(["certs", "show", "--dir", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "gpuadm.gpuadm-system.svc" in shown
+    assert "10.0.0.9" in shown
