@@ -81,26 +81,31 @@ def plan_inputs(
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
     spec = pod.get("spec") or {}
-    owned = [key for key in annotations if policy.in_domain(key)]
-    owned += policy.backend_annotation_keys
+    prefix = policy.domain + "/"
+    owned = {key: value for key, value in annotations.items() if key.startswith(prefix)}
     return orjson.dumps(
-        [
-            [
-                [
-                    (c.get("name"), c.get("restartPolicy"), c.get("resources"))
-                    for c in spec.get(kind) or ()
-                    if isinstance(c, Mapping)
-                ]
-                for kind in ("initContainers", "containers")
-            ],
-            [spec.get(f) for f in ("schedulerName", "nodeName", "affinity", "tolerations")],
+        (
+            [_resources_of(spec.get("initContainers")), _resources_of(spec.get("containers"))],
+            spec.get("schedulerName"),
+            spec.get("nodeName"),
+            spec.get("affinity"),
+            spec.get("tolerations"),
             bool(annotations),
-            {key: annotations.get(key) for key in owned},
+            owned,
+            [annotations.get(key) for key in policy.backend_annotation_keys],
             bool(labels),
-            labels.get(policy.class_annotation),
+            labels.get(prefix + "class"),
             namespace_default_class,
-        ]
+        )
     )
+
+
+def _resources_of(containers: Any) -> list[Any]:
+    return [
+        (c.get("name"), c.get("restartPolicy"), c.get("resources"))
+        for c in containers or ()
+        if isinstance(c, Mapping)
+    ]
 
 
 def pod_charge(
