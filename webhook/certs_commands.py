@@ -55,11 +55,11 @@ def _cluster(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def target_of(args: argparse.Namespace) -> TLSTarget:
-    """Return what the keeper manages, from the command line."""
+def target_of(args: argparse.Namespace, *, secret: str) -> TLSTarget:
+    """Return what the keeper manages, from the command line (`certs ...` or `serve`)."""
     return TLSTarget(
         namespace=args.namespace,
-        secret=args.secret,
+        secret=secret,
         webhook_configuration=args.webhook_configuration,
         dns_names=[*service_dns_names(args.service, args.namespace), *args.dns],
         ip_addresses=args.ip,
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         if args.certs_command == "show":
             return _show_cluster(kube, args, now)
         scratch = Path(tempfile.mkdtemp(prefix="gpuadm-certs-"))
-        keeper = TLSKeeper(kube, target_of(args), scratch)
+        keeper = TLSKeeper(kube, target_of(args, secret=args.secret), scratch)
         keeper.sync(rotate=args.certs_command == "rotate")
     except KubeError as error:
         print(f"gpuadm: {error}", file=sys.stderr)

@@ -57,6 +57,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--service", default="gpuadm", help="the Service in front of gpuadm, for --manage-tls"
     )
     serve.add_argument(
+        "--dns", action="append", default=[], help="an extra DNS name to serve (--manage-tls)"
+    )
+    serve.add_argument(
+        "--ip", action="append", default=[], help="an IP address to serve (--manage-tls)"
+    )
+    serve.add_argument(
         "--trusted-user",
         help="the only user allowed to change gpuadm's labels and annotations on a pod "
         "(default: system:serviceaccount:<namespace>:gpuadm)",

@@ -219,7 +219,8 @@ def serve_forever(args: argparse.Namespace) -> int:
     if args.manage_tls:
         assert kube is not None
         directory = args.tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
-        keeper = TLSKeeper(kube, certs_commands.target_of(args), directory)
+        target = certs_commands.target_of(args, secret=args.tls_secret)
+        keeper = TLSKeeper(kube, target, directory)
         try:
             paths = keeper.sync()
         except KubeError as error:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import base64
 import copy
+import ssl
 import subprocess
 import sys
 import threading
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -19,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from certs import verify_chain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import ROOT, shipped_webhook_configurations
+from tests.support import free_port, spawn_serve, wait_until_listening
 from webhook.kube import Kube
 from webhook.tlskeeper import TLSKeeper, TLSTarget
 
@@ -233,3 +236,36 @@ def test_a_missing_secret_is_reported_by_show(
     )
     assert result.returncode == 1
     assert "run `gpuadm certs install`" in result.stdout
+
+
+def test_serve_manages_its_own_tls_as_the_deployment_runs_it(
+    control_plane: ControlPlane, target: TLSTarget, tmp_path: Path
+) -> None:
+    port = free_port()
+    with (tmp_path / "serve.log").open("wb") as log:
+        process = spawn_serve(
+            port,
+            "--namespace",
+            target.namespace,
+            "--kubeconfig",
+            str(control_plane.kubeconfig_path),
+            "--manage-tls",
+            "--tls-dir",
+            str(tmp_path / "tls"),
+            "--webhook-configuration",
+            target.webhook_configuration,
+            "--ip",
+            "127.0.0.1",
+            log=log,
+        )
+    try:
+        wait_until_listening(process, port, (tmp_path / "serve.log").read_text)
+        # Trust exactly what the apiserver would: the caBundle gpuadm wrote.
+        (bundle, *_) = bundles(Kube(control_plane.api_client()), target.webhook_configuration)
+        context = ssl.create_default_context(cadata=bundle.decode())
+        url = f"https://127.0.0.1:{port}/healthz"
+        with urllib.request.urlopen(url, context=context, timeout=10) as response:
+            assert response.read() == b"ok"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
