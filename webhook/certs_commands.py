@@ -12,7 +12,7 @@ from pathlib import Path
 from certs import describe, load_certified_key, renewal_due, service_dns_names, write_tls_dir
 from certs.rotation import issue
 from webhook.kube import Kube, KubeError, connect
-from webhook.tlskeeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget
+from webhook.tlskeeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget, secret_data
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -98,14 +98,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _show_files(directory: Path, now: datetime) -> int:
-    serving = load_certified_key(
-        (directory / "tls.crt").read_bytes(), (directory / "tls.key").read_bytes()
-    )
-    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
-    ca_file = directory / "ca.crt"
-    if ca_file.exists() and (directory / "ca.key").exists():
-        ca = load_certified_key(ca_file.read_bytes(), (directory / "ca.key").read_bytes())
-        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
+    files = {name: (directory / name).read_bytes() for name in ("tls.crt", "tls.key")}
+    for name in ("ca.crt", "ca.key"):
+        if (directory / name).exists():
+            files[name] = (directory / name).read_bytes()
+    _print_material(files, now)
     return 0
 
 
@@ -114,12 +111,7 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> int:
     if secret is None:
         print(f"no Secret {args.namespace}/{args.secret}; run `gpuadm certs install`")
         return 1
-    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-    serving = load_certified_key(data["tls.crt"], data["tls.key"])
-    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
-    if "ca.key" in data:
-        ca = load_certified_key(data["ca.crt"], data["ca.key"])
-        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
+    _print_material(secret_data(secret), now)
     for kind in WEBHOOK_KINDS:
         configuration = kube.get_webhook_configuration(kind, args.webhook_configuration)
         if configuration is None:
@@ -132,6 +124,15 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> int:
                 f"{bundle.count(b'BEGIN CERTIFICATE')} CA certificate(s)"
             )
     return 0
+
+
+def _print_material(data: dict[str, bytes], now: datetime) -> None:
+    """Print the serving certificate and, where its key is there too, the CA."""
+    serving = load_certified_key(data["tls.crt"], data["tls.key"])
+    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
+    if "ca.crt" in data and "ca.key" in data:
+        ca = load_certified_key(data["ca.crt"], data["ca.key"])
+        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
 
 
 def _due(cert_pem: bytes, now: datetime) -> str:

@@ -106,12 +106,7 @@ class Kube:
 
     def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a ConfigMap, or None if it does not exist."""
-        try:
-            return self._json(self._core.read_namespaced_config_map, name, namespace)
-        except KubeError as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._json_or_none(self._core.read_namespaced_config_map, name, namespace)
 
     def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create a ConfigMap; a 409 means someone created it first."""
@@ -124,12 +119,7 @@ class Kube:
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a Secret, or None if it does not exist."""
-        try:
-            return self._json(self._core.read_namespaced_secret, name, namespace)
-        except KubeError as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._json_or_none(self._core.read_namespaced_secret, name, namespace)
 
     def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create a Secret; a 409 means someone created it first."""
@@ -147,12 +137,7 @@ class Kube:
             if kind == "mutating"
             else self._admission.read_validating_webhook_configuration
         )
-        try:
-            return self._json(read, name)
-        except KubeError as error:
-            if error.status == 404:
-                return None
-            raise
+        return self._json_or_none(read, name)
 
     def replace_webhook_configuration(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
         """Replace a webhook configuration at its resourceVersion; a 409 means it changed."""
@@ -196,6 +181,16 @@ class Kube:
             "count": 1,
         }
         self._json(self._core.create_namespaced_event, namespace, body)
+
+    @classmethod
+    def _json_or_none(cls, call: Any, *args: Any) -> dict[str, Any] | None:
+        """Call a read; None when the object does not exist (404)."""
+        try:
+            return cls._json(call, *args)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
 
     @staticmethod
     def _json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

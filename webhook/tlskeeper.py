@@ -161,9 +161,14 @@ class TLSKeeper:
             self.kube.replace_secret(self.target.namespace, body)
 
 
+def secret_data(secret: dict[str, Any]) -> dict[str, bytes]:
+    """Return a Secret's data, decoded."""
+    return {key: base64.b64decode(value) for key, value in (secret.get("data") or {}).items()}
+
+
 def _state_of(secret: dict[str, Any]) -> TLSState | None:
     """Read the material of a Secret; None (issue anew) if it lacks what gpuadm needs."""
-    data = {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
+    data = secret_data(secret)
     try:
         serving = load_certified_key(data["tls.crt"], data["tls.key"])
         ca = load_certified_key(data["ca.crt"], data["ca.key"])
