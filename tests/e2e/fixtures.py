@@ -13,6 +13,7 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import (
     NAMESPACE,
@@ -24,7 +25,6 @@ from tests.e2e.gpuadm import (
     wait_for_quotas,
     wait_until,
 )
-from tests.unit.conftest import POLICY_YAML
 
 IMAGE = "registry.invalid/app:1"  # never pulled: there is no kubelet
 

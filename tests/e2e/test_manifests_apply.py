@@ -8,7 +8,7 @@ import kubernetes.client
 import pytest
 from kubernetes.dynamic import DynamicClient
 
-from tests.unit.test_manifests import RENDERS, Render, render, tools  # noqa: F401
+from tests.deploy.test_manifests import RENDERS, Render, render, tools  # noqa: F401
 
 # cert-manager's CRDs are not installed in the test control plane; the fast suite checks
 # those objects against cert-manager's API by hand.

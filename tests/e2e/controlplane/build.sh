@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd binaries the end-to-end tests run, from
-# the Go modules pinned in ./apiserver and ./etcd, into a per-version cache
-# directory. Safe to run repeatedly: when both binaries are already present
-# and report the expected versions, nothing is rebuilt.
+# Builds the kube-apiserver, kube-scheduler and etcd binaries the end-to-end
+# tests run, from the Go modules pinned in ./apiserver and ./etcd, into a
+# per-version cache directory. Safe to run repeatedly: when every binary is
+# already present and reports the expected version, nothing is rebuilt.
 #
 # Progress goes to stderr; the only line on stdout is the bin directory, so
 # callers can use "$(build.sh)".
@@ -71,11 +71,15 @@ check_pins() {
     fi
 }
 
-# Succeeds only when both binaries run and report the pinned versions, so a
+# Succeeds only when every binary runs and reports the pinned version, so a
 # stale or truncated binary triggers a rebuild.
 binaries_ready() {
-    [[ -x $BIN_DIR/kube-apiserver && -x $BIN_DIR/etcd ]] || return 1
-    [[ $("$BIN_DIR/kube-apiserver" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]] || return 1
+    local kube
+    for kube in kube-apiserver kube-scheduler; do
+        [[ -x $BIN_DIR/$kube ]] || return 1
+        [[ $("$BIN_DIR/$kube" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]] || return 1
+    done
+    [[ -x $BIN_DIR/etcd ]] || return 1
     # Captured first: piping into "grep -q" would let etcd die of SIGPIPE,
     # which pipefail turns into a spurious "not ready".
     local etcd_version
@@ -115,7 +119,7 @@ main() {
         flock 9
     fi
     if binaries_ready; then
-        log "up to date: kube-apiserver $KUBE_VERSION, etcd $ETCD_VERSION"
+        log "up to date: kube-apiserver and kube-scheduler $KUBE_VERSION, etcd $ETCD_VERSION"
         echo "$BIN_DIR"
         return
     fi
@@ -127,9 +131,12 @@ main() {
     rm -f "$BIN_DIR"/.*.partial.*
     trap 'rm -f "$BIN_DIR"/.*.partial.$$' EXIT
     build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_ldflags)"
+    # The scheduler shares nearly all of its packages with the apiserver, so
+    # with the Go cache warm from the line above it costs a minute or two.
+    build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler "$(kube_ldflags)"
     build_one "$go_bin" etcd go.etcd.io/etcd/server/v3 etcd "-s -w"
     binaries_ready || { log "built binaries do not report the expected versions"; exit 1; }
-    log "built kube-apiserver $KUBE_VERSION and etcd $ETCD_VERSION in $BIN_DIR"
+    log "built kube-apiserver and kube-scheduler $KUBE_VERSION, etcd $ETCD_VERSION in $BIN_DIR"
     echo "$BIN_DIR"
 }
 

@@ -9,8 +9,8 @@ import jsonpatch
 import pytest
 
 from policies import Denial, Policy, plan
-from tests.unit.apiserver_rules import violations
-from tests.unit.conftest import container, pod
+from tests.apiserver_rules import violations
+from tests.builders import container, pod
 
 A100_TYPES = "NVIDIA-A100-SXM4-80GB,NVIDIA-A100-80GB-PCIe"
 

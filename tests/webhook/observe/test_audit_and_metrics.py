@@ -14,8 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.unit.conftest import POLICY_YAML, pod
-from tests.unit.test_server import decoded_patch, post, review
+from tests.builders import POLICY_YAML, pod
+from tests.webhook.server.test_server import decoded_patch, post, review
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.config import ConfigHolder, snapshot_from_text

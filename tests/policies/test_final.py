@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 
 from policies import Denial, Policy, check_final, check_update, plan
-from tests.unit.conftest import pod
+from tests.builders import pod
 
 
 def mutated(policy: Policy, limits: dict[str, str]) -> dict:

@@ -12,7 +12,7 @@ import jsonpatch
 import pytest
 
 from policies import check_final, plan
-from tests.unit.conftest import POLICY_YAML, pod
+from tests.builders import POLICY_YAML, pod
 from webhook.config import ConfigSnapshot, snapshot_from_text
 from webhook.ledger import QuotaLedger
 from webhook.reservations import MemoryStore

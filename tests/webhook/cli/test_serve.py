@@ -15,9 +15,9 @@ from typing import Any
 import aiohttp
 import pytest
 
+from tests.builders import pod
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
-from tests.unit.conftest import pod
-from tests.unit.test_server import review
+from tests.webhook.server.test_server import review
 
 
 class Server:

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.support import ROOT
 from webhook.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
 POLICY = ROOT / "examples" / "policy.yaml"
 QUOTAS = ROOT / "examples" / "quotas.yaml"
 

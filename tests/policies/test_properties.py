@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import Denial, load_policy, plan
-from tests.unit.apiserver_rules import violations
-from tests.unit.conftest import POLICY_YAML
+from tests.apiserver_rules import violations
+from tests.builders import POLICY_YAML
 
 POLICY = load_policy(POLICY_YAML)
 CLASSES = sorted(POLICY.classes)

@@ -13,8 +13,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from policies import Plan
-from tests.unit.apiserver_rules import violations
-from tests.unit.conftest import POLICY_YAML, QUOTAS_YAML, pod
+from tests.apiserver_rules import violations
+from tests.builders import POLICY_YAML, QUOTAS_YAML, pod
 from webhook.app import create_app
 from webhook.config import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.quota import QuotaOutcome

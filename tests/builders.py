@@ -1,14 +1,10 @@
-"""Fixtures of the fast suite: a policy with one class per backend, and pod builders."""
+"""What the suites build from: a policy with one class per backend, quotas, and pod builders."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import pytest
-
-from policies import Policy, QuotaConfig, load_policy, load_quotas
-
-# One class per backend, so every table below can name the backend by its class.
+# One class per backend, so every table can name the backend by its class.
 POLICY_YAML = """
 domain: gpuadm.io
 defaultClass: t4
@@ -61,18 +57,6 @@ namespaces:
     a100: 4
     "*": 5
 """
-
-
-@pytest.fixture(scope="session")
-def policy() -> Policy:
-    """Return the test policy."""
-    return load_policy(POLICY_YAML)
-
-
-@pytest.fixture(scope="session")
-def quotas() -> QuotaConfig:
-    """Return the test quota config."""
-    return load_quotas(QUOTAS_YAML)
 
 
 def pod(

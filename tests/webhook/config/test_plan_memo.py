@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 
 from policies import Denial, plan, plan_inputs
-from tests.unit.conftest import pod
-from tests.unit.test_properties import POLICY, pods
+from tests.builders import pod
+from tests.policies.test_properties import POLICY, pods
 from webhook.plans import PlanMemo
 
 
