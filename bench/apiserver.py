@@ -20,7 +20,7 @@ from tests.e2e.gpuadm import (
     wait_for_quotas,
     wait_until,
 )
-from tests.unit.conftest import POLICY_YAML
+from tests.builders import POLICY_YAML
 
 
 def create_latencies(

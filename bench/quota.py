@@ -13,7 +13,7 @@ from typing import Any
 
 from bench.reviews import ASKS, realistic_pod
 from policies import check_final, plan
-from tests.unit.conftest import POLICY_YAML
+from tests.builders import POLICY_YAML
 from webhook.config import snapshot_from_text
 from webhook.ledger import QuotaLedger
 from webhook.reservations import MemoryStore

@@ -10,7 +10,7 @@ import jsonpatch
 import orjson
 
 from policies import load_policy, plan
-from tests.unit.conftest import POLICY_YAML
+from tests.builders import POLICY_YAML
 
 # (class, amount): every backend of the test policy, whole and shared where it can share.
 ASKS = [

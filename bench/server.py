@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 
 from certs import server_ssl_context
-from tests.unit.conftest import POLICY_YAML
+from tests.builders import POLICY_YAML
 from webhook.app import create_app
 from webhook.audit import AuditLog
 from webhook.config import ConfigHolder, snapshot_from_text
