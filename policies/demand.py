@@ -10,12 +10,12 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from policies.asks import Ask, MemoryShare, Share, Whole
 from policies.classes import ClassBase
 from policies.errors import Denial
-from policies.policy import STANDARD_GPU, Policy
+from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
 
 ContainerKind = Literal["initContainers", "containers"]
@@ -63,12 +63,21 @@ class PodDemand:
     containers: tuple[ContainerDemand, ...]
 
 
+class ClassValue(NamedTuple):
+    """A container's value for one class key, as written and as an exact amount."""
+
+    key: str
+    class_key: ClassKey
+    amount: Fraction
+    written: object
+
+
 @dataclass(slots=True)
 class _Found:
     """What a container holds before the pod's class is known."""
 
     ref: ContainerRef
-    class_values: dict[str, tuple[str, bool, Fraction, object]] = field(default_factory=dict)
+    class_values: dict[str, ClassValue] = field(default_factory=dict)
     raw: dict[str, Fraction] = field(default_factory=dict)
 
 
@@ -109,15 +118,15 @@ def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _F
     found: _Found | None = None
     for key in (*limits, *(k for k in requests if k not in limits)):
         kind = policy.resource_kind(key)
-        if kind is None:
+        if kind.role is ResourceRole.OTHER:
             continue
-        if kind == "unknown-class":
+        if kind.role is ResourceRole.UNKNOWN_CLASS:
             known = ", ".join(sorted(policy.classes))
             raise Denial(f"{ref}: {key} names no GPU class (classes: {known})")
         value, amount = _agreed_value(ref, key, limits, requests)
         found = found or _Found(ref)
-        if kind != "raw":
-            found.class_values[key] = (*kind, amount, value)
+        if kind.key is not None:
+            found.class_values[key] = ClassValue(key, kind.key, amount, value)
         elif amount != 0:
             found.raw[key] = amount
     return found if found and (found.class_values or found.raw) else None
@@ -151,8 +160,8 @@ def _pod_class(
 ) -> str:
     named: dict[str, ContainerRef] = {}
     for item in found:
-        for class_name, _, _, _ in item.class_values.values():
-            named.setdefault(class_name, item.ref)
+        for value in item.class_values.values():
+            named.setdefault(value.class_key.class_name, item.ref)
     if len(named) > 1:
         where = ", ".join(f"{name} in {ref}" for name, ref in sorted(named.items()))
         raise Denial(f"the pod asks for two GPU classes ({where}); a pod uses one class")
@@ -214,30 +223,32 @@ def _container_demand(
 
 def _class_ask(item: _Found, class_name: str, gpu_class: ClassBase) -> Ask:
     ref = item.ref
-    count: tuple[str, Fraction, object] | None = None
-    memory: tuple[str, Fraction, object] | None = None
-    for key, (_, is_memory, amount, value) in item.class_values.items():
-        if is_memory:
-            memory = (key, amount, value)
+    count: ClassValue | None = None
+    memory: ClassValue | None = None
+    for class_value in item.class_values.values():
+        if class_value.class_key.memory:
+            memory = class_value
         else:
-            count = (key, amount, value)
-    if memory is not None and memory[1] <= 0:
-        raise Denial(f"{ref}: {memory[0]}: {memory[2]!r} must be a positive amount such as 10Gi")
+            count = class_value
+    if memory is not None and memory.amount <= 0:
+        raise Denial(
+            f"{ref}: {memory.key}: {memory.written!r} must be a positive amount such as 10Gi"
+        )
     if count is None:
         assert memory is not None
-        ask: Ask = MemoryShare(memory[1])
+        ask: Ask = MemoryShare(memory.amount)
     else:
-        key, amount, value = count
+        key, amount, value = count.key, count.amount, count.written
         if amount <= 0 or (amount > 1 and amount.denominator != 1):
             raise Denial(
                 f"{ref}: {key}: {value!r} is neither a whole number of GPUs (1, 2, ...) nor a "
                 "share of one GPU between 0 and 1 (0.5, 250m)"
             )
         if amount.denominator == 1:
-            ask = Whole(int(amount), memory[1] if memory else None)
+            ask = Whole(int(amount), memory.amount if memory else None)
         elif memory is not None:
             raise Denial(
-                f"{ref}: {key}: {value!r} is a share and {memory[0]} is a memory amount; ask "
+                f"{ref}: {key}: {value!r} is a share and {memory.key} is a memory amount; ask "
                 "for one of them, or for whole GPUs with a memory cap"
             )
         else:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cached_property
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
@@ -16,6 +17,38 @@ DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-
 MEMORY_SUFFIX = "-memory"
 # The name every chart and operator writes; translated into the class's backend (SPEC form 3).
 STANDARD_GPU = "nvidia.com/gpu"
+# Resource names come from users, so the table that remembers how each was classified stops
+# growing here; names past it are classified on every request instead. A policy's own names
+# number in the tens, so legitimate traffic never reaches it.
+MAX_REMEMBERED_NAMES = 4096
+
+
+class ClassKey(NamedTuple):
+    """A resource key of the policy's domain that names a class: `D/<class>` or its memory."""
+
+    class_name: str
+    memory: bool
+
+
+class ResourceRole(Enum):
+    """What a resource name is to gpuadm."""
+
+    CLASS = "class"  # D/<class> or D/<class>-memory
+    RAW = "raw"  # a GPU stack's own resource, such as nvidia.com/gpu
+    UNKNOWN_CLASS = "unknown-class"  # under the domain, but naming no class
+    OTHER = "other"  # nothing to do with GPUs
+
+
+class ResourceKind(NamedTuple):
+    """How a resource name was classified; `key` is set for the class role only."""
+
+    role: ResourceRole
+    key: ClassKey | None = None
+
+
+RAW = ResourceKind(ResourceRole.RAW)
+UNKNOWN_CLASS = ResourceKind(ResourceRole.UNKNOWN_CLASS)
+OTHER = ResourceKind(ResourceRole.OTHER)
 
 
 def _default_resource_names() -> frozenset[str]:
@@ -33,14 +66,12 @@ def _default_resource_names() -> frozenset[str]:
 
 @dataclass(frozen=True, slots=True)
 class _Lookup:
-    keys: dict[str, tuple[str, bool]]
+    keys: dict[str, ClassKey]
     raw_names: frozenset[str]
     raw_prefixes: tuple[str, ...]
     domain_prefix: str
     backend_annotations: list[str]
-    kinds: dict[str, tuple[str, bool] | Literal["raw", "unknown-class"] | None] = field(
-        default_factory=dict
-    )
+    kinds: dict[str, ResourceKind] = field(default_factory=dict)
 
 
 class Policy(Model):
@@ -89,10 +120,10 @@ class Policy(Model):
     @cached_property
     def _lookup(self) -> _Lookup:
         """Build, once, the tables the admission path reads on every request."""
-        keys: dict[str, tuple[str, bool]] = {}
+        keys: dict[str, ClassKey] = {}
         for name in self.classes:
-            keys[f"{self.domain}/{name}"] = (name, False)
-            keys[f"{self.domain}/{name}{MEMORY_SUFFIX}"] = (name, True)
+            keys[f"{self.domain}/{name}"] = ClassKey(name, memory=False)
+            keys[f"{self.domain}/{name}{MEMORY_SUFFIX}"] = ClassKey(name, memory=True)
         names = set(_default_resource_names())
         prefixes = {"nvidia.com/mig-"}
         for gpu_class in self.classes.values():
@@ -103,26 +134,25 @@ class Policy(Model):
         written = sorted({key for c in self.classes.values() for key in c.annotations()})
         return _Lookup(keys, frozenset(names), tuple(sorted(prefixes)), self.domain + "/", written)
 
-    def class_key(self, name: str) -> tuple[str, bool] | None:
-        """Map `D/<class>` or `D/<class>-memory` to (class, is_memory), or None."""
+    def class_key(self, name: str) -> ClassKey | None:
+        """Map `D/<class>` or `D/<class>-memory` to its class, or None."""
         return self._lookup.keys.get(name)
 
-    def resource_kind(self, name: str) -> tuple[str, bool] | Literal["raw", "unknown-class"] | None:
-        """Classify a resource name: a class key, a raw GPU resource, a key of the domain that
-        names no class, or None (not about GPUs); remembered, since names recur."""
+    def resource_kind(self, name: str) -> ResourceKind:
+        """Classify a resource name; remembered, since the same names recur in every pod."""
         kinds = self._lookup.kinds
-        if name in kinds:
-            return kinds[name]
-        kind: tuple[str, bool] | Literal["raw", "unknown-class"] | None
+        kind = kinds.get(name)
+        if kind is not None:
+            return kind
         if (class_key := self.class_key(name)) is not None:
-            kind = class_key
+            kind = ResourceKind(ResourceRole.CLASS, class_key)
         elif self.in_domain(name):
-            kind = "unknown-class"
+            kind = UNKNOWN_CLASS
         elif self.is_gpu_resource(name):
-            kind = "raw"
+            kind = RAW
         else:
-            kind = None
-        if len(kinds) < 4096:  # names come from users: keep the memory bounded
+            kind = OTHER
+        if len(kinds) < MAX_REMEMBERED_NAMES:
             kinds[name] = kind
         return kind
 
