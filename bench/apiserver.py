@@ -9,6 +9,7 @@ from pathlib import Path
 
 import kubernetes.client
 
+from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import pod_body
 from tests.e2e.gpuadm import (
@@ -20,7 +21,6 @@ from tests.e2e.gpuadm import (
     wait_for_quotas,
     wait_until,
 )
-from tests.builders import POLICY_YAML
 
 
 def create_latencies(

@@ -14,11 +14,11 @@ from typing import Any
 from bench.reviews import ASKS, realistic_pod
 from policies import check_final, plan
 from tests.builders import POLICY_YAML
-from webhook.config import snapshot_from_text
-from webhook.ledger import QuotaLedger
-from webhook.reservations import MemoryStore
-from webhook.review import AdmissionRequest
-from webhook.usage import UsageIndex
+from webhook.config.snapshot import snapshot_from_text
+from webhook.quota.ledger import QuotaLedger
+from webhook.quota.reservations import MemoryStore
+from webhook.quota.usage import UsageIndex
+from webhook.reviews.request import AdmissionRequest
 
 NAMESPACES = 100
 

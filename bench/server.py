@@ -14,13 +14,13 @@ from aiohttp import web
 
 from certs import server_ssl_context
 from tests.builders import POLICY_YAML
-from webhook.app import create_app
-from webhook.audit import AuditLog
-from webhook.config import ConfigHolder, snapshot_from_text
-from webhook.ledger import QuotaLedger
-from webhook.reservations import MemoryStore
-from webhook.settings import Settings
-from webhook.usage import UsageIndex
+from webhook.config.snapshot import ConfigHolder, snapshot_from_text
+from webhook.observe.audit_log import AuditLog
+from webhook.quota.ledger import QuotaLedger
+from webhook.quota.reservations import MemoryStore
+from webhook.quota.usage import UsageIndex
+from webhook.server.app import create_app
+from webhook.server.settings import Settings
 
 
 def bare_app() -> web.Application:

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
 from tests.e2e.cluster import ControlPlane
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
-from webhook.config import revision_of
+from webhook.config.snapshot import revision_of
 
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"

@@ -22,8 +22,8 @@ from certs import verify_chain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import ROOT, shipped_webhook_configurations
 from tests.support import free_port, spawn_serve, wait_until_listening
-from webhook.kube import Kube
-from webhook.tlskeeper import TLSKeeper, TLSTarget
+from webhook.kube.client import Kube
+from webhook.tls.keeper import TLSKeeper, TLSTarget
 
 
 @pytest.fixture

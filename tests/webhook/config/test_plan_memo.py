@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from policies import Denial, plan, plan_inputs
 from tests.builders import pod
 from tests.policies.test_properties import POLICY, pods
-from webhook.plans import PlanMemo
+from webhook.config.plan_memo import PlanMemo
 
 
 def fresh(body: dict[str, Any]) -> Any:

@@ -16,14 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.builders import POLICY_YAML, pod
 from tests.webhook.server.test_server import decoded_patch, post, review
-from webhook.app import create_app
-from webhook.audit import AuditLog
-from webhook.config import ConfigHolder, snapshot_from_text
-from webhook.ledger import QuotaLedger
-from webhook.metrics import Metrics
-from webhook.reservations import MemoryStore
-from webhook.settings import Settings
-from webhook.usage import UsageIndex
+from webhook.config.snapshot import ConfigHolder, snapshot_from_text
+from webhook.observe.audit_log import AuditLog
+from webhook.observe.metrics import Metrics
+from webhook.quota.ledger import QuotaLedger
+from webhook.quota.reservations import MemoryStore
+from webhook.quota.usage import UsageIndex
+from webhook.server.app import create_app
+from webhook.server.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
 QUOTAS = "namespaces:\n  team-q: {h100: 2}\n  team-w: {h100: 1}\nmode: enforce\n"

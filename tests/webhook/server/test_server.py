@@ -13,13 +13,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 
 from policies import Plan
+from policies.judge import QuotaVerdict
 from tests.apiserver_rules import violations
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod
-from webhook.app import create_app
-from webhook.config import ConfigHolder, ConfigSnapshot, snapshot_from_text
-from webhook.quota import QuotaOutcome
-from webhook.review import AdmissionRequest
-from webhook.settings import Settings
+from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
+from webhook.reviews.request import AdmissionRequest
+from webhook.server.app import create_app
+from webhook.server.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
 MakeClient = Callable[..., Awaitable[Client]]
@@ -276,7 +276,7 @@ async def test_an_internal_failure_still_answers_with_the_uid(
     class BrokenQuota:
         async def admit(
             self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
-        ) -> QuotaOutcome:
+        ) -> QuotaVerdict | None:
             raise RuntimeError("ledger exploded: secret internals")
 
     app = create_app(Settings(), ConfigHolder(snapshot()), quota=BrokenQuota())
@@ -296,8 +296,8 @@ async def test_quota_denial_and_warnings_reach_the_response(aiohttp_client: Make
     class FullQuota:
         async def admit(
             self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
-        ) -> QuotaOutcome:
-            return QuotaOutcome(False, f'namespace "{request.namespace}": {plan.demand} over')
+        ) -> QuotaVerdict | None:
+            return QuotaVerdict(False, f'namespace "{request.namespace}": {plan.demand} over')
 
     client = await aiohttp_client(
         create_app(Settings(), ConfigHolder(snapshot()), quota=FullQuota())
@@ -315,10 +315,9 @@ async def test_health_and_readiness(client: Client) -> None:
 
 
 async def test_readiness_reports_what_is_not_ready(aiohttp_client: MakeClient) -> None:
-    from webhook.keys import READINESS
-
-    app = create_app(Settings(), ConfigHolder(snapshot()))
-    app[READINESS].append(lambda: "pod watch not synced")
+    app = create_app(
+        Settings(), ConfigHolder(snapshot()), readiness=[lambda: "pod watch not synced"]
+    )
     response = await (await aiohttp_client(app)).get("/readyz")
     assert response.status == 503
     assert "pod watch not synced" in await response.text()

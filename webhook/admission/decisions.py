@@ -1,0 +1,144 @@
+"""Turn a decoded request into a decision, by calling the pure core and the quota gate.
+
+Two error families meet here, each with its own channel: a pod that breaks a rule is a
+`policies.Denial` and becomes `allowed: false` with the rule's message; a review that is not
+a review was refused earlier, as an HTTP 400, by the edge in `webhook.server.handlers`.
+
+`mutate` and `validate` take typed inputs only; the server binds them once, in its app
+factory, to the config holder, the quota gate and the trusted user.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from policies import Denial, Plan, check_update, require_fixed_point
+from policies.judge import QuotaVerdict
+from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
+from webhook.quota.gate import QuotaGate
+from webhook.reviews import responses
+from webhook.reviews.request import AdmissionRequest
+
+Outcome = Literal["allowed", "mutated", "denied", "warned", "error"]
+# A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
+# 1 KiB holds any one denial message; the whole message is in gpuadm's own audit record.
+AUDIT_VALUE_MAX = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What was decided about one request: the outcome, why, and what it costs."""
+
+    outcome: Outcome
+    reason: str = ""
+    warnings: tuple[str, ...] = ()
+    plan: Plan | None = None
+    patch: list[dict[str, Any]] = field(default_factory=list)
+    quota: QuotaVerdict | None = None
+    revisions: Revisions | None = None
+
+    def review(self, uid: str) -> dict[str, Any]:
+        """Return the AdmissionReview that carries this decision to the apiserver."""
+        audit = self.audit_annotations()
+        if self.outcome == "error":
+            return responses.errored(uid, self.reason)
+        if self.outcome == "denied":
+            return responses.denied(uid, self.reason, warnings=self.warnings, audit=audit)
+        return responses.patched(uid, self.patch, warnings=self.warnings, audit=audit)
+
+    def audit_annotations(self) -> dict[str, str]:
+        """Return what the apiserver's own audit log should record of this decision.
+
+        The apiserver prefixes each key with the webhook's name, so keys hold no "/".
+        """
+        annotations: dict[str, str] = {"decision": self.outcome}
+        if self.plan is not None and self.plan.class_name is not None:
+            annotations["class"] = self.plan.class_name
+            annotations["demand"] = self.plan.demand or ""
+        if self.reason:
+            annotations["reason"] = self.reason[:AUDIT_VALUE_MAX]
+        return annotations
+
+
+async def mutate(request: AdmissionRequest, *, config: ConfigHolder) -> Decision:
+    """Rewrite a pod created with a GPU class into its backend's form."""
+    try:
+        snapshot = config.current
+    except NoConfig as error:
+        return Decision("error", f"{error}; retry")
+    return mutate_under(request, snapshot)
+
+
+def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
+    """Rewrite a pod under one given config snapshot (as `gpuadm review` does)."""
+    revisions = config.revisions
+    if request.operation != "CREATE" or _exempt(request, config):
+        return Decision("allowed", revisions=revisions)
+    try:
+        result = config.plan(request.object, request.namespace)
+    except Denial as denial:
+        return Decision("denied", denial.message, revisions=revisions)
+    outcome: Outcome = "mutated" if result.patch else "allowed"
+    return Decision(
+        outcome, warnings=result.warnings, plan=result, patch=result.patch, revisions=revisions
+    )
+
+
+async def validate(
+    request: AdmissionRequest, *, config: ConfigHolder, quota: QuotaGate, trusted_user: str
+) -> Decision:
+    """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys."""
+    try:
+        snapshot = config.current
+    except NoConfig as error:
+        return Decision("error", f"{error}; retry")
+    return await validate_under(request, snapshot, quota=quota, trusted_user=trusted_user)
+
+
+async def validate_under(
+    request: AdmissionRequest, config: ConfigSnapshot, *, quota: QuotaGate, trusted_user: str
+) -> Decision:
+    """Judge a pod under one given config snapshot (as `gpuadm review` does)."""
+    revisions = config.revisions
+    if _exempt(request, config):
+        return Decision("allowed", revisions=revisions)
+    if request.operation == "UPDATE":
+        return _validate_update(request, config, trusted_user=trusted_user)
+    if request.operation != "CREATE":
+        return Decision("allowed", revisions=revisions)
+    try:
+        result = require_fixed_point(config.plan(request.object, request.namespace))
+    except Denial as denial:
+        return Decision("denied", denial.message, revisions=revisions)
+    if result.class_name is None:
+        return Decision("allowed", plan=result, revisions=revisions)
+    verdict = await quota.admit(request, result, config)
+    if verdict is None:
+        return Decision("allowed", "", result.warnings, plan=result, revisions=revisions)
+    warnings = (*result.warnings, *verdict.warnings)
+    if not verdict.allowed:
+        message = verdict.message or "GPU quota exceeded"
+        return Decision("denied", message, warnings, result, quota=verdict, revisions=revisions)
+    kind: Outcome = "warned" if verdict.warnings else "allowed"
+    return Decision(
+        kind, verdict.message or "", warnings, result, quota=verdict, revisions=revisions
+    )
+
+
+def _validate_update(
+    request: AdmissionRequest, config: ConfigSnapshot, *, trusted_user: str
+) -> Decision:
+    revisions = config.revisions
+    if trusted_user and request.user == trusted_user:
+        return Decision("allowed", revisions=revisions)
+    assert request.old_object is not None  # decode_review guarantees it for UPDATE
+    try:
+        check_update(request.old_object, request.object, config.policy)
+    except Denial as denial:
+        return Decision("denied", denial.message, revisions=revisions)
+    return Decision("allowed", revisions=revisions)
+
+
+def _exempt(request: AdmissionRequest, config: ConfigSnapshot) -> bool:
+    return request.namespace in config.policy.exempt_namespaces

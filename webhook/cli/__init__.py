@@ -1,0 +1,31 @@
+"""The `gpuadm` command: serve, review, check-config, certs; one module per command."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from webhook.cli import certificates, check_config, review, serve
+from webhook.cli.exits import CommandError, report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the parser of every subcommand; each sets `run`, the function that does it."""
+    parser = argparse.ArgumentParser(
+        prog="gpuadm", description="GPU admission controller for Kubernetes."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve.add_parser(sub)
+    review.add_parser(sub)
+    certificates.add_parser(sub)
+    check_config.add_parser(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; return the process exit code (see `webhook.cli.exits`)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except CommandError as error:
+        return int(report(error))

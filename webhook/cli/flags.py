@@ -1,0 +1,57 @@
+"""Flags shared by several commands, each defined once with one name and one default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+DEFAULT_NAMESPACE = "gpuadm-system"
+
+
+def add_config_files(parser: argparse.ArgumentParser, *, required: bool) -> None:
+    """Add --policy and --quotas."""
+    standalone = "" if required else "; given, gpuadm runs standalone on files, else in a cluster"
+    parser.add_argument("--policy", type=Path, required=required, help="policy.yaml" + standalone)
+    parser.add_argument("--quotas", type=Path, help="quotas.yaml (default: no quotas)")
+
+
+def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
+    """Add --kubeconfig."""
+    parser.add_argument(
+        "--kubeconfig",
+        help="kubeconfig to reach the cluster (default: in-cluster service account, "
+        "else $KUBECONFIG or ~/.kube/config)",
+    )
+
+
+def add_serving_names(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that say where gpuadm serves, and so what its certificate names."""
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
+        help="gpuadm's namespace, where its ConfigMaps, usage records and TLS Secret live "
+        f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--service", default="gpuadm", help="the Service in front of gpuadm (default gpuadm)"
+    )
+    parser.add_argument("--dns", action="append", default=[], help="an extra DNS name to serve")
+    parser.add_argument("--ip", action="append", default=[], help="an IP address to serve")
+
+
+def add_tls_target(parser: argparse.ArgumentParser) -> None:
+    """Add the flags that name what `serve --manage-tls` and `certs` keep in a cluster."""
+    parser.add_argument(
+        "--tls-secret",
+        "--secret",
+        dest="tls_secret",
+        default="gpuadm-tls",
+        help="the Secret that holds gpuadm's CA and serving certificate (default gpuadm-tls)",
+    )
+    parser.add_argument(
+        "--webhook-configuration",
+        default="gpuadm",
+        help="name of gpuadm's Mutating- and ValidatingWebhookConfiguration, whose caBundle "
+        "gpuadm keeps (default gpuadm)",
+    )

@@ -1,0 +1,123 @@
+"""`gpuadm review`: what gpuadm would do to a pod, offline, as the apiserver would see it."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import jsonpatch
+import yaml
+
+from webhook.admission.decisions import mutate_under, validate_under
+from webhook.cli import flags
+from webhook.cli.config_files import load_config
+from webhook.cli.exits import CommandError, ExitCode
+from webhook.config.snapshot import ConfigSnapshot
+from webhook.quota.ledger import QuotaLedger
+from webhook.quota.reservations import MemoryStore
+from webhook.quota.usage import UsageIndex
+from webhook.reviews.request import AdmissionRequest
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `gpuadm review` to the command line."""
+    review = sub.add_parser("review", help="show offline what gpuadm would do to a pod")
+    review.add_argument("pod", type=Path, help="a Pod manifest (YAML or JSON); - for stdin")
+    flags.add_config_files(review, required=True)
+    review.add_argument("--namespace", "-n", help="namespace to judge the pod in")
+    review.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    review.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    """Print what gpuadm would do to a pod: verdict, warnings, patch and the mutated pod."""
+    config = load_config(args.policy, args.quotas)
+    try:
+        text = sys.stdin.read() if str(args.pod) == "-" else args.pod.read_text()
+        pod = yaml.safe_load(text)
+    except (OSError, yaml.YAMLError) as error:
+        raise CommandError(f"cannot read pod {args.pod}: {error}") from None
+    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
+        raise CommandError(f"{args.pod} is not a Pod manifest")
+    metadata = pod.get("metadata") or {}
+    namespace = args.namespace or metadata.get("namespace") or "default"
+    result = asyncio.run(simulate_admission(pod, namespace, config))
+    if args.output == "json":
+        print(json.dumps(result, indent=2))
+    else:
+        _print(result)
+    return ExitCode.OK if result["allowed"] else ExitCode.REFUSED
+
+
+async def simulate_admission(
+    pod: dict[str, Any], namespace: str, config: ConfigSnapshot
+) -> dict[str, Any]:
+    """Run the pod through /mutate then /validate, as the apiserver would."""
+    mutated = mutate_under(_request(pod, namespace), config)
+    result: dict[str, Any] = {
+        "namespace": namespace,
+        "allowed": mutated.outcome != "denied",
+        "reason": mutated.reason,
+        "warnings": list(mutated.warnings),
+        "patch": mutated.patch,
+        "pod": pod,
+    }
+    if not result["allowed"]:
+        return result
+    stored = jsonpatch.apply_patch(pod, mutated.patch) if mutated.patch else pod
+    # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
+    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
+    validated = await validate_under(
+        _request(stored, namespace), config, quota=ledger, trusted_user=""
+    )
+    result.update(
+        allowed=validated.outcome != "denied",
+        reason=validated.reason,
+        warnings=list(dict.fromkeys([*mutated.warnings, *validated.warnings])),
+        pod=stored,
+        demand=mutated.plan.demand if mutated.plan else None,
+    )
+    return result
+
+
+def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:
+    return AdmissionRequest(
+        uid=str(uuid.uuid4()),
+        operation="CREATE",
+        namespace=namespace,
+        name=str((pod.get("metadata") or {}).get("name") or ""),
+        object=pod,
+        old_object=None,
+        dry_run=True,
+        user="gpuadm-review",
+        groups=(),
+    )
+
+
+def _print(result: dict[str, Any]) -> None:
+    verdict = "allowed" if result["allowed"] else "denied"
+    print(f"verdict: {verdict} (namespace {result['namespace']})")
+    if result.get("demand"):
+        print(f"demand: {result['demand']}")
+    if result["reason"]:
+        print(f"reason: {result['reason']}")
+    for warning in result["warnings"]:
+        print(f"warning: {warning}")
+    if not result["allowed"]:
+        return
+    if result["patch"]:
+        print("patch:")
+        print(_indent(yaml.safe_dump(result["patch"], sort_keys=False)))
+        print("pod after admission:")
+        print(_indent(yaml.safe_dump(result["pod"], sort_keys=False)))
+    else:
+        print("patch: none (the pod is stored as written)")
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.rstrip().splitlines())

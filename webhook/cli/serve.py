@@ -1,0 +1,161 @@
+"""`gpuadm serve`: the webhook over HTTPS, standalone on files or in a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+
+from aiohttp import web
+
+from certs import CertificateReloader, new_ca, new_serving_cert, server_ssl_context, write_tls_dir
+from webhook.cli import flags
+from webhook.cli.certificates import target_of
+from webhook.cli.config_files import load_config
+from webhook.cli.exits import CommandError, ExitCode
+from webhook.kube.client import KubeError, connect
+from webhook.observe import logs
+from webhook.observe.audit_log import AuditLog
+from webhook.server.lifecycle import Background
+from webhook.server.replica import cluster_app, standalone_app
+from webhook.server.settings import Settings
+from webhook.tls.keeper import TLSKeeper
+
+log = logging.getLogger("gpuadm")
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `gpuadm serve` to the command line."""
+    serve = sub.add_parser("serve", help="serve /mutate and /validate over HTTPS")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument("--cert-file", type=Path, help="serving certificate (PEM)")
+    serve.add_argument("--key-file", type=Path, help="key of the serving certificate (PEM)")
+    serve.add_argument(
+        "--tls-dir",
+        type=Path,
+        help="where a self-signed certificate is written when --cert-file is not given "
+        "(default: a new temporary directory)",
+    )
+    flags.add_config_files(serve, required=False)
+    flags.add_kubeconfig(serve)
+    flags.add_serving_names(serve)
+    serve.add_argument(
+        "--manage-tls",
+        action="store_true",
+        help="in a cluster: keep the TLS Secret (--tls-secret) and the caBundle of gpuadm's "
+        "webhook configurations yourself, writing the files to --tls-dir",
+    )
+    flags.add_tls_target(serve)
+    serve.add_argument(
+        "--trusted-user",
+        help="the only user allowed to change gpuadm's labels and annotations on a pod "
+        "(default: system:serviceaccount:<namespace>:gpuadm)",
+    )
+    serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    serve.add_argument(
+        "--log-format",
+        default="json",
+        choices=["json", "text"],
+        help="operational log format on stderr (default json)",
+    )
+    serve.add_argument(
+        "--audit-log",
+        default="-",
+        help="where audit records go: - for stdout (default), else a file rotated by size",
+    )
+    serve.add_argument(
+        "--audit-max-bytes",
+        type=int,
+        default=100 * 1024 * 1024,
+        help="rotate the audit file at this size (default 100 MiB)",
+    )
+    serve.add_argument(
+        "--audit-backups", type=int, default=5, help="rotated audit files to keep (default 5)"
+    )
+    serve.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    """Serve the webhook over HTTPS until interrupted."""
+    logs.configure(args.log_level, args.log_format)
+    cert_file, key_file = args.cert_file, args.key_file
+    if (cert_file is None) != (key_file is None):
+        raise CommandError("give --cert-file and --key-file together")
+    if args.manage_tls and (args.policy or cert_file):
+        raise CommandError("--manage-tls is for a cluster: give neither --policy nor --cert-file")
+    try:
+        kube = None if args.policy else connect(args.kubeconfig)
+    except KubeError as error:
+        raise CommandError(
+            f"{error} (give --policy FILE to run standalone, without a cluster)"
+        ) from None
+    keeper = None
+    if args.manage_tls:
+        assert kube is not None
+        directory = args.tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
+        keeper = TLSKeeper(kube, target_of(args), directory)
+        try:
+            paths = keeper.sync()
+        except KubeError as error:
+            raise CommandError(
+                f"cannot set up TLS from Secret {args.tls_secret}: {error}"
+            ) from None
+        cert_file, key_file = paths.cert_file, paths.key_file
+    elif cert_file is None:
+        cert_file, key_file = _self_signed(args.tls_dir)
+    settings = Settings(
+        host=args.host,
+        port=args.port,
+        cert_file=cert_file,
+        key_file=key_file,
+        policy_file=args.policy,
+        quotas_file=args.quotas,
+        namespace=args.namespace,
+        trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
+    )
+    _use_fast_loop()
+    audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
+    ssl_context = server_ssl_context(cert_file, key_file)
+    reloader = CertificateReloader(ssl_context, cert_file, key_file)
+    if kube is None:
+        snapshot = load_config(args.policy, args.quotas)
+        app = standalone_app(settings, snapshot, audit=audit, tls=reloader)
+    else:
+        extra = (Background("tls-keeper", keeper.run),) if keeper else ()
+        app = cluster_app(settings, kube, audit=audit, tls=reloader, extra=extra)
+    log.info("serving on https://%s:%d", settings.host, settings.port)
+    web.run_app(
+        app,
+        host=settings.host,
+        port=settings.port,
+        ssl_context=ssl_context,
+        print=None,
+        access_log=None,
+    )
+    return ExitCode.OK
+
+
+def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:
+    """Make a CA and a serving certificate for local use; say where the CA is."""
+    directory = tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
+    now = datetime.now(UTC)
+    ca = new_ca(now=now)
+    serving = new_serving_cert(
+        ca, dns_names=["localhost", "gpuadm"], ip_addresses=["127.0.0.1", "::1"], now=now
+    )
+    paths = write_tls_dir(directory, ca=ca, serving=serving)
+    log.warning(
+        "no --cert-file given: serving a self-signed certificate; its CA is %s", paths.ca_file
+    )
+    return paths.cert_file, paths.key_file
+
+
+def _use_fast_loop() -> None:
+    try:
+        import uvloop
+    except ImportError:
+        return
+    uvloop.install()

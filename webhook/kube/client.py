@@ -1,0 +1,236 @@
+"""The one module that imports the official Kubernetes client: the calls gpuadm makes.
+
+Objects travel as plain dicts decoded with orjson (`_preload_content=False`): the client's
+model classes cost far more to build than the JSON costs to parse, and gpuadm reads only a
+few fields. Every call here blocks; callers run them with `asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import kubernetes.client
+import kubernetes.config
+import orjson
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
+
+# The label on every object gpuadm creates for itself (usage records, its TLS Secret).
+MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuadm"}
+# events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
+# that the same Event is valid through either API and `kubectl describe` stays readable.
+EVENT_MESSAGE_MAX = 1024
+# Pods per page of a full list: large enough that 100,000 pods take 200 round trips, small
+# enough that one page (about 5 MiB of typical pods) never strains the apiserver or us.
+LIST_PAGE_SIZE = 500
+
+
+class KubeError(Exception):
+    """A call to the apiserver failed; `status` is the HTTP status, 0 if none came back."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(f"{status}: {message}" if status else message)
+        self.status = status
+
+
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a list call."""
+
+    items: list[dict[str, Any]]
+    resource_version: str
+    next_token: str | None
+
+
+def connect(kubeconfig: str | None) -> Kube:
+    """Connect with a kubeconfig file, or in-cluster with the pod's service account."""
+    try:
+        if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        else:
+            kubernetes.config.load_incluster_config()
+            client = kubernetes.client.ApiClient()
+    except (kubernetes.config.ConfigException, OSError) as error:
+        raise KubeError(0, f"cannot reach a cluster: {error}") from None
+    return Kube(client)
+
+
+class Kube:
+    """The calls gpuadm makes, on plain dicts."""
+
+    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+        self._core = kubernetes.client.CoreV1Api(client)
+        self._admission = kubernetes.client.AdmissionregistrationV1Api(client)
+
+    def list_pods(
+        self, *, label_selector: str = "", limit: int = LIST_PAGE_SIZE, token: str | None = None
+    ) -> Page:
+        """List one page of pods in all namespaces."""
+        body = self._json(
+            self._core.list_pod_for_all_namespaces,
+            label_selector=label_selector,
+            limit=limit,
+            _continue=token,
+        )
+        metadata = body.get("metadata") or {}
+        return Page(
+            body.get("items") or [], metadata.get("resourceVersion", ""), metadata.get("continue")
+        )
+
+    def watch_pods(
+        self, *, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """Yield watch events (`type`, `object`) for pods in all namespaces."""
+        return self._watch(
+            self._core.list_pod_for_all_namespaces,
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+        )
+
+    def list_configmaps(self, namespace: str, *, label_selector: str = "") -> Page:
+        """List the ConfigMaps of a namespace."""
+        body = self._json(
+            self._core.list_namespaced_config_map, namespace, label_selector=label_selector
+        )
+        metadata = body.get("metadata") or {}
+        return Page(body.get("items") or [], metadata.get("resourceVersion", ""), None)
+
+    def watch_configmaps(
+        self, namespace: str, *, resource_version: str, timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """Yield watch events for the ConfigMaps of a namespace."""
+        return self._watch(
+            self._core.list_namespaced_config_map,
+            namespace,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+            allow_watch_bookmarks=True,
+        )
+
+    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a ConfigMap, or None if it does not exist."""
+        return self._json_or_none(self._core.read_namespaced_config_map, name, namespace)
+
+    def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ConfigMap; a 409 means someone created it first."""
+        return self._json(self._core.create_namespaced_config_map, namespace, body)
+
+    def replace_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a ConfigMap at the resourceVersion in `body`; a 409 means it changed."""
+        name = body["metadata"]["name"]
+        return self._json(self._core.replace_namespaced_config_map, name, namespace, body)
+
+    def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Secret, or None if it does not exist."""
+        return self._json_or_none(self._core.read_namespaced_secret, name, namespace)
+
+    def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Secret; a 409 means someone created it first."""
+        return self._json(self._core.create_namespaced_secret, namespace, body)
+
+    def replace_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Secret at the resourceVersion in `body`; a 409 means it changed."""
+        name = body["metadata"]["name"]
+        return self._json(self._core.replace_namespaced_secret, name, namespace, body)
+
+    def get_webhook_configuration(self, kind: str, name: str) -> dict[str, Any] | None:
+        """Return the Mutating- or ValidatingWebhookConfiguration `name`, or None."""
+        read = (
+            self._admission.read_mutating_webhook_configuration
+            if kind == "mutating"
+            else self._admission.read_validating_webhook_configuration
+        )
+        return self._json_or_none(read, name)
+
+    def replace_webhook_configuration(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a webhook configuration at its resourceVersion; a 409 means it changed."""
+        replace = (
+            self._admission.replace_mutating_webhook_configuration
+            if kind == "mutating"
+            else self._admission.replace_validating_webhook_configuration
+        )
+        return self._json(replace, body["metadata"]["name"], body)
+
+    def record_event(
+        self,
+        *,
+        namespace: str,
+        kind: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        warning: bool,
+    ) -> None:
+        """Record a core/v1 Event about an object, for `kubectl describe` to show."""
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": kind,
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_MAX],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpuadm"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        self._json(self._core.create_namespaced_event, namespace, body)
+
+    @classmethod
+    def _json_or_none(cls, call: Any, *args: Any) -> dict[str, Any] | None:
+        """Call a read; None when the object does not exist (404)."""
+        try:
+            return cls._json(call, *args)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    @staticmethod
+    def _json(call: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = call(*args, _preload_content=False, **kwargs)
+        except ApiException as error:
+            raise KubeError(error.status or 0, _reason(error)) from None
+        except OSError as error:  # connection refused, reset, TLS failure
+            raise KubeError(0, str(error)) from None
+        data: dict[str, Any] = orjson.loads(response.data)
+        return data
+
+    @staticmethod
+    def _watch(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        try:
+            response = call(*args, watch=True, _preload_content=False, **kwargs)
+        except ApiException as error:
+            raise KubeError(error.status or 0, _reason(error)) from None
+        except OSError as error:
+            raise KubeError(0, str(error)) from None
+        try:
+            for line in iter_resp_lines(response):
+                if line:
+                    yield orjson.loads(line)
+        finally:
+            response.release_conn()
+
+
+def _reason(error: ApiException) -> str:
+    try:
+        message = orjson.loads(error.body or b"").get("message")
+    except (orjson.JSONDecodeError, TypeError, AttributeError):
+        message = None
+    return str(message or error.reason)

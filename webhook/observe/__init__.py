@@ -1,0 +1,1 @@
+"""What gpuadm tells its operators: the audit log, operational logs, Prometheus metrics."""

@@ -1,0 +1,1 @@
+"""Quota across replicas: the gate, the ledger, reservation records, and the usage index."""

@@ -1,0 +1,72 @@
+"""Reservation records kept in ConfigMaps, shared by every replica through the apiserver.
+
+One ConfigMap per tenant namespace, `gpuadm-usage-<namespace>`, in gpuadm's own namespace.
+Writes carry the resourceVersion that was read; the apiserver refuses a stale one with 409,
+which is exactly the compare-and-swap the ledger needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+
+from webhook.kube.client import MANAGED_BY, Kube, KubeError
+from webhook.quota.reservations import EMPTY, Conflict, Record, Reservation
+
+DATA_KEY = "reservations.json"
+
+
+def record_name(namespace: str) -> str:
+    """Name the ConfigMap that holds a tenant namespace's reservations."""
+    return f"gpuadm-usage-{namespace}"
+
+
+class ConfigMapStore:
+    """A `ReservationStore` on ConfigMaps in gpuadm's namespace."""
+
+    def __init__(self, kube: Kube, namespace: str) -> None:
+        self.kube = kube
+        self.namespace = namespace
+
+    async def read(self, namespace: str) -> Record:
+        """Return the tenant namespace's record; a missing ConfigMap is an empty record."""
+        found = await asyncio.to_thread(
+            self.kube.get_configmap, self.namespace, record_name(namespace)
+        )
+        if found is None:
+            return EMPTY
+        raw = orjson.loads((found.get("data") or {}).get(DATA_KEY) or "{}")
+        reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
+        return Record(reservations, found["metadata"]["resourceVersion"])
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        """Create or replace the record at `version`; raise `Conflict` if it moved on."""
+        metadata: dict[str, Any] = {
+            "name": record_name(namespace),
+            "namespace": self.namespace,
+            "labels": {**MANAGED_BY, "gpuadm.io/usage-for": namespace},
+        }
+        if version is not None:
+            metadata["resourceVersion"] = version
+        body = {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata,
+            "data": {
+                DATA_KEY: orjson.dumps(
+                    {uid: r.to_json() for uid, r in sorted(reservations.items())}
+                ).decode()
+            },
+        }
+        call = self.kube.create_configmap if version is None else self.kube.replace_configmap
+        try:
+            stored = await asyncio.to_thread(call, self.namespace, body)
+        except KubeError as error:
+            if error.status == 409:
+                raise Conflict(namespace) from None
+            raise
+        return str(stored["metadata"]["resourceVersion"])

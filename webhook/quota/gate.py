@@ -1,0 +1,33 @@
+"""The seam between validation and quota: what `/validate` asks of the quota ledger."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from policies import Plan
+from policies.judge import QuotaVerdict
+from webhook.config.snapshot import ConfigSnapshot
+from webhook.reviews.request import AdmissionRequest
+
+
+class QuotaGate(Protocol):
+    """Charges an admitted pod against its namespace's quota, or refuses it."""
+
+    async def admit(
+        self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """Judge the pod's demand and reserve it unless the request is a dry run.
+
+        None means no limit applies to the pod: nothing was judged or charged.
+        """
+        ...
+
+
+class Unlimited:
+    """A gate that admits everything: used until a quota ledger is configured."""
+
+    async def admit(
+        self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """Admit without charging anything."""
+        return None

@@ -1,0 +1,183 @@
+"""The quota ledger: judges each GPU pod against its namespace's quota, exactly.
+
+What a namespace holds is (a) the GPU pods the pod watch has shown, plus (b) the
+reservations of pods admitted but not yet shown. Two rules keep this from over-admitting:
+
+- Within a replica, one namespace's admissions are judged one after another (a lock per
+  namespace), so two requests never both see the same free room.
+- Across replicas, the reservation record is written with the version it was read at. If
+  another replica wrote in between, the write fails, and the judgement is redone on the new
+  record. A pod is admitted only after its reservation is stored.
+
+A reservation stops counting once this replica's watch has shown the pod (it is then counted
+as a pod, once), and it is pruned from the record only after `reservation_ttl`, longer than
+any admission request can take. So a reservation outlives the window in which the pod may be
+invisible to any replica whose watch is healthy. A pod that was never stored (a later webhook
+refused it) holds its room until then, and no longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from fractions import Fraction
+
+from policies import Plan
+from policies.judge import QuotaVerdict, judge
+from policies.quotas import ALL_CLASSES
+from webhook.config.snapshot import ConfigSnapshot
+from webhook.observe.metrics import Metrics
+from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
+from webhook.quota.usage import UsageIndex
+from webhook.reviews.request import AdmissionRequest
+
+log = logging.getLogger("gpuadm.quota")
+
+# The apiserver gives up on a request after 60 s by default; a pod admitted now is stored
+# (and so visible to the watch) well within that, or never.
+RESERVATION_TTL = 90.0
+# Each lost race means another admission in the same namespace landed, so ten in a row take
+# a burst far beyond what one namespace sees; then the request is refused with "retry"
+# rather than held past the apiserver's webhook timeout.
+MAX_ATTEMPTS = 10
+
+
+class QuotaLedger:
+    """A `QuotaGate` that charges reservations to a shared record and judges exactly."""
+
+    def __init__(
+        self,
+        usage: UsageIndex,
+        store: ReservationStore,
+        *,
+        pods_visible: bool,
+        usage_ready: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        reservation_ttl: float = RESERVATION_TTL,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """Build a ledger; with `pods_visible` False (standalone) reservations never expire."""
+        self.usage = usage
+        self.store = store
+        self.pods_visible = pods_visible
+        self.usage_ready = usage_ready
+        self.clock = clock
+        self.reservation_ttl = reservation_ttl
+        self.metrics = metrics
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        self._records: dict[str, Record] = {}
+
+    async def admit(
+        self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """Judge the pod; reserve its charge unless this is a dry run or nothing limits it."""
+        namespace = request.namespace
+        limits = config.quotas.limits_for(namespace)
+        if plan.class_name is None or not (plan.class_name in limits or ALL_CLASSES in limits):
+            return None
+        if not self.usage_ready():
+            return QuotaVerdict(
+                False, "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
+            )
+        async with self._locks[namespace]:
+            for _ in range(MAX_ATTEMPTS):
+                try:
+                    return await self._attempt(request, plan, config, limits)
+                except Conflict:
+                    if self.metrics is not None:
+                        self.metrics.record_conflicts.inc()
+                    self._records.pop(namespace, None)
+        return QuotaVerdict(
+            False, f'the quota record of namespace "{namespace}" is busy; retry the request'
+        )
+
+    async def _attempt(
+        self,
+        request: AdmissionRequest,
+        plan: Plan,
+        config: ConfigSnapshot,
+        limits: Mapping[str, Fraction],
+    ) -> QuotaVerdict:
+        assert plan.class_name is not None
+        namespace = request.namespace
+        record = self._records.get(namespace) or await self.store.read(namespace)
+        key = _reservation_key(request)
+        now = self.clock()
+        kept = self._unexpired(record, now)
+        in_use = self._in_use(namespace, {uid: r for uid, r in kept.items() if uid != key})
+        verdict = judge(
+            namespace=namespace,
+            class_name=plan.class_name,
+            requested=plan.charge,
+            in_use=in_use,
+            limits=limits,
+            mode=config.quotas.mode,
+        )
+        self._export(namespace, plan.class_name, verdict.in_use, limits)
+        if not verdict.allowed or request.dry_run:
+            return verdict
+        kept[key] = Reservation(plan.class_name, plan.charge, now, request.pod_name)
+        version = await self.store.write(namespace, kept, record.version)
+        self._records[namespace] = Record(kept, version)
+        return verdict
+
+    def _export(
+        self, namespace: str, class_name: str, used: Fraction, limits: Mapping[str, Fraction]
+    ) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.quota_in_use.labels(namespace, class_name).set(float(used))
+        if class_name in limits:
+            self.metrics.quota_limit.labels(namespace, class_name).set(float(limits[class_name]))
+
+    def in_use(self, namespace: str) -> dict[str, Fraction]:
+        """Return what a namespace holds now, pods and cached reservations together."""
+        record = self._records.get(namespace)
+        kept = self._unexpired(record, self.clock()) if record else {}
+        return self._in_use(namespace, kept)
+
+    def _unexpired(self, record: Record, now: float) -> dict[str, Reservation]:
+        if not self.pods_visible:
+            return dict(record.reservations)
+        return {
+            uid: reservation
+            for uid, reservation in record.reservations.items()
+            if now - reservation.at < self.reservation_ttl
+        }
+
+    def _in_use(
+        self, namespace: str, reservations: Mapping[str, Reservation]
+    ) -> dict[str, Fraction]:
+        totals = dict(self.usage.in_use(namespace))
+        for uid, reservation in reservations.items():
+            if self.pods_visible and self.usage.seen(uid):
+                continue  # the watch has shown this pod: it is counted as a pod
+            totals[reservation.class_name] = (
+                totals.get(reservation.class_name, Fraction(0)) + reservation.charge
+            )
+        return totals
+
+    def namespaces(self) -> list[str]:
+        """Return the namespaces whose records this replica has written."""
+        return list(self._records)
+
+    async def prune(self, namespace: str) -> None:
+        """Drop expired reservations from a namespace's record, so records stay small."""
+        async with self._locks[namespace]:
+            try:
+                record = await self.store.read(namespace)
+                kept = self._unexpired(record, self.clock())
+                if len(kept) != len(record.reservations):
+                    version = await self.store.write(namespace, kept, record.version)
+                    self._records[namespace] = Record(kept, version)
+            except Conflict:
+                self._records.pop(namespace, None)
+
+
+def _reservation_key(request: AdmissionRequest) -> str:
+    """Key a reservation by the pod's uid, which the apiserver sets before validation."""
+    uid = (request.object.get("metadata") or {}).get("uid")
+    return str(uid) if uid else f"request-{request.uid}"

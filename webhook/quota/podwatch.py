@@ -1,0 +1,153 @@
+"""Keep the usage index true to the cluster: a full re-list, then a watch of GPU pods.
+
+The watch selects pods by gpuadm's class label, so its cost grows with GPU pods, not with
+every pod in the cluster. Pods created before gpuadm was installed carry no label; the full
+re-list (at start, after a policy change, and every `resync_seconds`) finds them too, page
+by page, keeping only one small entry per GPU pod.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
+from webhook.kube.client import Kube, KubeError
+from webhook.kube.retry import retry_forever
+from webhook.kube.watch import Event, consume_watch
+from webhook.observe.metrics import Metrics
+from webhook.quota.usage import Holding, UsageIndex, holding_of
+
+log = logging.getLogger("gpuadm.pods")
+
+# A replica whose view of pods is older than this stops admitting pods under quota: its
+# count could be missing pods the other replicas admitted. Below the reservation lifetime.
+STALE_AFTER = 60.0
+
+
+class _Expired(Exception):
+    """The watch's resourceVersion is too old (HTTP 410): list again."""
+
+
+class PodWatcher:
+    """Fills a `UsageIndex` from the apiserver and keeps it current."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        usage: UsageIndex,
+        config: ConfigHolder,
+        metrics: Metrics,
+        *,
+        clock: Callable[[], float] = time.time,
+        resync_seconds: float = 600.0,
+        watch_seconds: int = 30,
+    ) -> None:
+        self.kube = kube
+        self.usage = usage
+        self.config = config
+        self.metrics = metrics
+        self.clock = clock
+        self.resync_seconds = resync_seconds
+        self.watch_seconds = watch_seconds
+        self.synced = False
+        self.last_contact = 0.0
+        self._relist = asyncio.Event()
+
+    def ready(self) -> bool:
+        """Tell whether the index reflects the cluster as of less than `STALE_AFTER` ago."""
+        return self.synced and self.clock() - self.last_contact < STALE_AFTER
+
+    def not_ready_reason(self) -> str | None:
+        """Say why the index cannot be trusted, or None."""
+        if self.ready():
+            return None
+        return "pod usage not in sync with the apiserver" if self.synced else "pods not listed yet"
+
+    def request_relist(self) -> None:
+        """Re-list after the current watch, e.g. because the policy changed charges."""
+        self._relist.set()
+
+    async def run(self) -> None:
+        """List and watch until cancelled, backing off while the apiserver fails."""
+        await retry_forever(self._list_and_watch, what="pod list/watch", log=log)
+
+    async def _list_and_watch(self, healthy: Callable[[], None]) -> None:
+        """List every pod, then watch GPU pods until the next full re-list is due."""
+        try:
+            version = await self._list_all()
+            healthy()
+            resync_at = self.clock() + self.resync_seconds
+            while self.clock() < resync_at and not self._relist.is_set():
+                version = await self._watch(version)
+        except _Expired:
+            log.info("pod watch expired; listing again")
+
+    async def _list_all(self) -> str:
+        while not self.config.loaded:  # noqa: ASYNC110 - the holder is plain, not async
+            await asyncio.sleep(0.5)
+        snapshot = self.config.current
+        self._relist.clear()
+        holdings, version = await asyncio.to_thread(self._fetch_holdings, snapshot)
+        now = self.clock()
+        self.usage.replace_all(holdings, now=now)
+        self.usage.forget_seen_before(now - 2 * self.resync_seconds)
+        self.synced = True
+        self.last_contact = now
+        self.metrics.tracked_pods.set(len(self.usage))
+        log.info("listed pods: %d hold GPUs", len(holdings))
+        return version
+
+    def _fetch_holdings(self, snapshot: ConfigSnapshot) -> tuple[dict[str, Holding], str]:
+        """List every pod page by page, keeping only what GPU pods hold (runs in a thread)."""
+        holdings: dict[str, Holding] = {}
+        token = None
+        version = ""
+        while True:
+            page = self.kube.list_pods(token=token)
+            version = version or page.resource_version
+            for pod in page.items:
+                holding = holding_of(pod, snapshot.policy, snapshot.quotas)
+                if holding is not None:
+                    holdings[pod["metadata"]["uid"]] = holding
+            token = page.next_token
+            if not token:
+                return holdings, version
+
+    async def _watch(self, version: str) -> str:
+        label = self.config.current.policy.class_annotation
+        latest = version
+
+        def handle(event: Event) -> None:
+            nonlocal latest
+            latest = self._apply(event) or latest
+
+        await consume_watch(
+            lambda: self.kube.watch_pods(
+                label_selector=label, resource_version=version, timeout_seconds=self.watch_seconds
+            ),
+            handle,
+        )
+        self.last_contact = self.clock()
+        return latest
+
+    def _apply(self, event: Event) -> str | None:
+        kind = event.get("type")
+        obj: dict[str, Any] = event.get("object") or {}
+        if kind == "ERROR":
+            if obj.get("code") == 410:
+                raise _Expired()
+            raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
+        self.last_contact = self.clock()
+        metadata = obj.get("metadata") or {}
+        if kind == "DELETED":
+            self.usage.forget(str(metadata.get("uid")))
+        elif kind in ("ADDED", "MODIFIED"):
+            snapshot = self.config.current
+            self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=self.clock())
+        self.metrics.tracked_pods.set(len(self.usage))
+        version = metadata.get("resourceVersion")
+        return str(version) if version else None

@@ -1,0 +1,78 @@
+"""The aiohttp application factory: routes, decisions bound once, and background work."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from functools import partial
+
+from aiohttp import web
+
+from certs import CertificateReloader
+from webhook.admission import decisions
+from webhook.config.snapshot import ConfigHolder
+from webhook.observe.audit_log import AuditLog
+from webhook.observe.metrics import Metrics
+from webhook.quota.gate import QuotaGate, Unlimited
+from webhook.server import handlers
+from webhook.server.appkeys import METRICS, READINESS, ReadinessCheck
+from webhook.server.lifecycle import Background, run_for_app_lifetime
+from webhook.server.settings import Settings
+from webhook.tls.reloading import keep_certificate_fresh
+
+
+def create_app(
+    settings: Settings,
+    config: ConfigHolder,
+    *,
+    quota: QuotaGate | None = None,
+    metrics: Metrics | None = None,
+    audit: AuditLog | None = None,
+    tls: CertificateReloader | None = None,
+    background: Sequence[Background] = (),
+    readiness: Sequence[ReadinessCheck] = (),
+) -> web.Application:
+    """Build the whole webhook application; nothing is added to it after this returns.
+
+    `config` holds the config in force; `quota` charges admitted pods (default: unlimited);
+    `audit` receives a record per decision; `tls` is the certificate reloader of the served
+    context, polled for new files; `background` runs while the app serves; `readiness`
+    checks are added to the config check behind /readyz.
+    """
+    metrics = metrics if metrics is not None else Metrics()
+    gate = quota if quota is not None else Unlimited()
+    # One byte over the review limit lets the edge tell "too large" apart from a body that
+    # happens to be exactly the limit.
+    app = web.Application(client_max_size=settings.max_review_bytes + 1)
+    app[METRICS] = metrics
+    app[READINESS] = (lambda: None if config.loaded else "no valid config loaded", *readiness)
+    endpoint = partial(
+        handlers.ReviewEndpoint,
+        metrics=metrics,
+        audit=audit,
+        max_review_bytes=settings.max_review_bytes,
+    )
+    mutate = partial(decisions.mutate, config=config)
+    validate = partial(
+        decisions.validate, config=config, quota=gate, trusted_user=settings.trusted_user
+    )
+    app.router.add_post("/mutate", endpoint("mutate", mutate).handle)
+    app.router.add_post("/validate", endpoint("validate", validate).handle)
+    app.router.add_get("/healthz", handlers.handle_healthz)
+    app.router.add_get("/readyz", handlers.handle_readyz)
+    app.router.add_get("/metrics", handlers.handle_metrics)
+    if audit is not None:
+        app.cleanup_ctx.append(partial(_audit_writer, audit))
+    work = list(background)
+    if tls is not None:
+        fresh = partial(keep_certificate_fresh, tls, metrics, every_seconds=settings.reload_seconds)
+        work.append(Background("tls-reload", fresh))
+    for item in work:
+        app.cleanup_ctx.append(run_for_app_lifetime(item))
+    return app
+
+
+async def _audit_writer(audit: AuditLog, app: web.Application) -> AsyncIterator[None]:
+    """Write audit records for the life of the app; flush every accepted one at shutdown."""
+    audit.start()
+    yield
+    audit.close()

@@ -1,0 +1,15 @@
+"""Typed keys of what the aiohttp application holds, for the handlers that read it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from aiohttp import web
+
+from webhook.observe.metrics import Metrics
+
+# Each check returns None when ready, else the reason it is not.
+ReadinessCheck = Callable[[], str | None]
+
+METRICS = web.AppKey("metrics", Metrics)
+READINESS = web.AppKey("readiness", Sequence[ReadinessCheck])
