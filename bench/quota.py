@@ -29,7 +29,7 @@ def stored(index: int, policy: Any) -> dict[str, Any]:
 
     class_name, amount = ASKS[index % len(ASKS)]
     pod = realistic_pod(class_name, amount, index)
-    pod = jsonpatch.apply_patch(pod, plan(pod, policy).patch)
+    pod = dict(jsonpatch.apply_patch(pod, plan(pod, policy).patch))
     pod["metadata"]["namespace"] = f"team-{index % NAMESPACES}"
     pod["metadata"]["uid"] = str(uuid.UUID(int=index))
     return pod
@@ -76,6 +76,7 @@ def judgement_seconds(count: int, calls: int = 3000) -> float:
             started = time.perf_counter()
             outcome = await ledger.admit(request, result, snapshot)
             times.append(time.perf_counter() - started)
+            assert outcome is not None
             assert outcome.allowed
         return times
 

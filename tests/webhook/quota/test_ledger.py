@@ -12,6 +12,7 @@ import jsonpatch
 import pytest
 
 from policies import check_final, plan
+from policies.judge import QuotaVerdict
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.quota.ledger import QuotaLedger
@@ -35,7 +36,7 @@ def config(quotas: str = QUOTAS) -> ConfigSnapshot:
 
 def stored_pod(limits: dict[str, str], namespace: str = "team-a") -> dict[str, Any]:
     body = pod(limits)
-    body = jsonpatch.apply_patch(body, plan(body, config().policy).patch)
+    body = dict(jsonpatch.apply_patch(body, plan(body, config().policy).patch))
     body["metadata"].update(namespace=namespace, uid=str(uuid.uuid4()), name=uuid.uuid4().hex[:8])
     return body
 
@@ -58,6 +59,17 @@ async def admit(ledger: QuotaLedger, body: dict[str, Any], **kwargs: Any) -> boo
     snapshot = config(**kwargs)
     outcome = await ledger.admit(request(body), check_final(body, snapshot.policy), snapshot)
     return outcome is None or outcome.allowed
+
+
+async def judged(
+    ledger: QuotaLedger, body: dict[str, Any], snapshot: ConfigSnapshot, *, dry_run: bool = False
+) -> QuotaVerdict:
+    """Return the ledger's verdict on a pod that a limit applies to."""
+    outcome = await ledger.admit(
+        request(body, dry_run=dry_run), check_final(body, snapshot.policy), snapshot
+    )
+    assert outcome is not None, "a limit applies to this pod, so the ledger must judge it"
+    return outcome
 
 
 def ledger(store: MemoryStore | None = None, **kwargs: Any) -> QuotaLedger:
@@ -93,7 +105,7 @@ async def test_denial_names_namespace_class_requested_used_and_limit() -> None:
         assert await admit(quota, stored_pod({"gpuadm.io/h100": "3"}))
     snapshot = config()
     body = stored_pod({"gpuadm.io/h100": "2"})
-    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    outcome = await judged(quota, body, snapshot)
     assert outcome.message == 'namespace "team-a": h100 quota exceeded: requested 2, in use 9 of 10'
 
 
@@ -103,15 +115,11 @@ async def test_a_dry_run_is_judged_but_reserves_nothing() -> None:
     snapshot = config()
     for _ in range(3):
         body = stored_pod({"gpuadm.io/h100": "10"})
-        outcome = await quota.admit(
-            request(body, dry_run=True), check_final(body, snapshot.policy), snapshot
-        )
+        outcome = await judged(quota, body, snapshot, dry_run=True)
         assert outcome.allowed
     assert store.writes == 0
     body = stored_pod({"gpuadm.io/h100": "11"})
-    outcome = await quota.admit(
-        request(body, dry_run=True), check_final(body, snapshot.policy), snapshot
-    )
+    outcome = await judged(quota, body, snapshot, dry_run=True)
     assert not outcome.allowed
 
 
@@ -167,18 +175,18 @@ async def test_warn_mode_admits_over_quota_with_a_warning() -> None:
     quota = ledger()
     snapshot = config("mode: warn\n" + QUOTAS)
     body = stored_pod({"gpuadm.io/h100": "2"}, namespace="team-w")
-    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    outcome = await judged(quota, body, snapshot)
     assert outcome.allowed
     assert "enforce would deny" in outcome.warnings[0]
     assert outcome.would_deny
-    assert (outcome.in_use, outcome.limit) == (0, 1)
+    assert (outcome.in_use, outcome.limit) == (Fraction(0), Fraction(1))
 
 
 async def test_usage_not_in_sync_fails_closed() -> None:
     quota = ledger(usage_ready=lambda: False)
     snapshot = config()
     body = stored_pod({"gpuadm.io/h100": "1"})
-    outcome = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    outcome = await judged(quota, body, snapshot)
     assert not outcome.allowed
     assert "retry" in (outcome.message or "")
 

@@ -67,7 +67,8 @@ async def post(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any
     assert answer["apiVersion"] == "admission.k8s.io/v1"
     assert answer["kind"] == "AdmissionReview"
     assert answer["response"]["uid"] == body["request"]["uid"]
-    return answer["response"]
+    decided: dict[str, Any] = answer["response"]
+    return decided
 
 
 def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
