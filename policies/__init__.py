@@ -6,7 +6,7 @@ Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes
 from policies.errors import Denial
 from policies.final import check_final, check_update, require_fixed_point
 from policies.loading import ConfigError, load_policy, load_quotas
-from policies.policy import Policy
+from policies.policy import Policy, policy_warnings
 from policies.quotas import QuotaConfig
 from policies.rewrite import Plan, plan, plan_inputs, pod_charge
 
@@ -23,5 +23,6 @@ __all__ = [
     "plan",
     "plan_inputs",
     "pod_charge",
+    "policy_warnings",
     "require_fixed_point",
 ]

@@ -14,6 +14,7 @@ from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -26,6 +27,7 @@ from pydantic.alias_generators import to_camel
 
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
 from policies.errors import Denial
+from policies.models import GFD_PRODUCT_LABEL, VgpuStack, gfd_product
 from policies.quantity import (
     MiB,
     QuantityError,
@@ -48,6 +50,21 @@ def _bytes(value: object) -> Fraction:
 
 Bytes = Annotated[Fraction, BeforeValidator(_bytes), PlainSerializer(format_bytes)]
 ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
+# A Kubernetes label value: the GPU Feature Discovery spelling of a model must be one.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _gpu_name(name: str) -> str:
+    # The stacks read comma-separated lists of these names, and match them as substrings.
+    if not name or name != name.strip() or "," in name:
+        raise ValueError(
+            f"{name!r} is not a GPU name: write it as the driver reports it, e.g. "
+            "`NVIDIA A100-SXM4-80GB`, without commas or surrounding spaces"
+        )
+    return name
+
+
+GpuName = Annotated[str, AfterValidator(_gpu_name)]
 
 
 class Model(BaseModel):
@@ -79,6 +96,7 @@ class ClassBase(Model):
     default_scheduler: ClassVar[str | None] = None
 
     memory: Bytes | None = None
+    models: list[GpuName] | None = None
     node_selector: dict[str, list[str]] = Field(default_factory=dict)
     scheduler_name: str | None = None
     tolerations: list[Toleration] = Field(default_factory=list)
@@ -94,6 +112,23 @@ class ClassBase(Model):
         for key, values in self.node_selector.items():
             if not values:
                 raise ValueError(f"nodeSelector {key!r} lists no values")
+        return self
+
+    @model_validator(mode="after")
+    def _models_valid(self) -> ClassBase:
+        if self.models is None:
+            return self
+        if not self.models:
+            raise ValueError("`models` lists no GPU model; list them, or remove the key")
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"`models` lists a model twice: {', '.join(self.models)}")
+        for model, product in zip(self.models, self.gfd_products(), strict=False):
+            if len(product) > 63 or not LABEL_VALUE.match(product):
+                raise ValueError(
+                    f"model {model!r} would be labelled {GFD_PRODUCT_LABEL}={product}, which "
+                    "is not a valid label value, so no node carries it; name the nodes with "
+                    f"`nodeSelector: {{{GFD_PRODUCT_LABEL}: [...]}}` instead"
+                )
         return self
 
     @classmethod
@@ -123,16 +158,28 @@ class ClassBase(Model):
         """Return how many GPUs of the class the given raw resources of one container hold."""
         raise NotImplementedError
 
-    def annotations(self) -> dict[str, str]:
-        """Return backend-specific pod annotations the class always sets."""
-        return {}
+    def gfd_products(self) -> list[str]:
+        """Return the `nvidia.com/gpu.product` values GPU Feature Discovery gives `models`.
+
+        Empty when `nodeSelector` names that label itself: the admin's values are kept as
+        they are.
+        """
+        if not self.models or GFD_PRODUCT_LABEL in self.node_selector:
+            return []
+        return [gfd_product(model, shared=self._gfd_shared()) for model in self.models]
+
+    def _gfd_shared(self) -> bool:
+        return False
 
     @cached_property
     def node_expressions(self) -> list[dict[str, Any]]:
-        """Return `nodeSelector` as nodeSelectorRequirements, one per label key."""
+        """Return `nodeSelector` and `models` as nodeSelectorRequirements, one per label."""
+        selector = dict(self.node_selector)
+        if products := self.gfd_products():
+            selector[GFD_PRODUCT_LABEL] = products
         return [
             {"key": key, "operator": "In", "values": list(values)}
-            for key, values in sorted(self.node_selector.items())
+            for key, values in sorted(selector.items())
         ]
 
     @cached_property
@@ -203,10 +250,26 @@ class VgpuNames(Model):
     memory_percentage: ResourceName | None = None
 
 
-class _VirtualGpuClass(ClassBase):
-    """HAMi and Volcano's vGPU: a count of GPUs, each with memory (MiB) and cores (%)."""
+class VirtualGpuClass(ClassBase):
+    """HAMi and Volcano's vGPU: a count of GPUs, each with memory (MiB) and cores (%).
 
+    The GPU model is chosen by the pod annotations `nvidia.com/use-gputype` and
+    `nouse-gputype`: derived from `models` (see `policies.models.gputype_annotations`), or
+    `gpuTypes` written as they are.
+    """
+
+    stack: ClassVar[VgpuStack]
     resources: VgpuNames
+    gpu_types: list[GpuName] | None = None
+
+    @model_validator(mode="after")
+    def _models_or_types(self) -> VirtualGpuClass:
+        if self.models is not None and self.gpu_types is not None:
+            raise ValueError(
+                "set `models` (gpuadm derives use-gputype and nouse-gputype from them) or "
+                "`gpuTypes` (written to use-gputype as they are), not both"
+            )
+        return self
 
     def resource_names(self) -> frozenset[str]:
         names = self.resources
@@ -253,9 +316,10 @@ class _VirtualGpuClass(ClassBase):
         return count * max(cores, memory)
 
 
-class HamiClass(_VirtualGpuClass):
+class HamiClass(VirtualGpuClass):
     """HAMi: vGPUs scheduled by hami-scheduler, GPU model chosen by `nvidia.com/use-gputype`."""
 
+    stack: ClassVar[VgpuStack] = "hami"
     default_scheduler: ClassVar[str | None] = "hami-scheduler"
     backend: Literal["hami"] = "hami"
     resources: VgpuNames = VgpuNames(
@@ -264,26 +328,12 @@ class HamiClass(_VirtualGpuClass):
         cores="nvidia.com/gpucores",
         memory_percentage="nvidia.com/gpumem-percentage",
     )
-    gpu_types: list[str] | None = None
-
-    def types(self) -> list[str]:
-        """Return the GPU type names HAMi is told to use (default: the class's products)."""
-        if self.gpu_types is not None:
-            return self.gpu_types
-        return list(self.node_selector.get("nvidia.com/gpu.product", []))
-
-    @cached_property
-    def _annotations(self) -> dict[str, str]:
-        types = self.types()
-        return {"nvidia.com/use-gputype": ",".join(types)} if types else {}
-
-    def annotations(self) -> dict[str, str]:
-        return self._annotations
 
 
-class VolcanoClass(_VirtualGpuClass):
+class VolcanoClass(VirtualGpuClass):
     """Volcano's vGPU: the same model as HAMi under volcano.sh names and the volcano scheduler."""
 
+    stack: ClassVar[VgpuStack] = "volcano"
     default_scheduler: ClassVar[str | None] = "volcano"
     backend: Literal["volcano"] = "volcano"
     resources: VgpuNames = VgpuNames(
@@ -464,6 +514,11 @@ class TimeSlicingClass(ClassBase):
 
     def resource_names(self) -> frozenset[str]:
         return frozenset({self.resource})
+
+    def _gfd_shared(self) -> bool:
+        # GPU Feature Discovery marks the product of a time-sliced GPU whose resource was not
+        # renamed (`renameByDefault: false`), so that nodes can tell the two apart.
+        return self.resource == "nvidia.com/gpu"
 
     def grant(self, ask: Ask) -> Grant:
         warnings = [

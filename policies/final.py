@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.errors import Denial
+from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.rewrite import Plan, plan
 
@@ -35,7 +36,12 @@ def require_fixed_point(result: Plan) -> Plan:
 
 
 def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy) -> None:
-    """Refuse an update that adds, changes or removes gpuadm's labels or annotations."""
+    """Refuse an update that adds, changes or removes gpuadm's labels or annotations.
+
+    gpuadm's annotations are those of its domain and those with which a pod chooses its
+    devices (`nvidia.com/use-gputype`, ...): changed on a pending pod, the latter would send
+    it to another GPU model than its class's.
+    """
     changed = []
     for field in ("labels", "annotations"):
         before = _owned(old, field, policy)
@@ -48,10 +54,13 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     if changed:
         raise Denial(
             f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "
-            "and demand and cannot change after creation"
+            "and demand and choose its GPU model, and cannot change after creation"
         )
 
 
 def _owned(pod: Mapping[str, Any], field: str, policy: Policy) -> dict[str, str]:
     values = (pod.get("metadata") or {}).get(field) or {}
-    return {key: value for key, value in values.items() if policy.in_domain(key)}
+    device_choice = DEVICE_CHOICE_ANNOTATIONS if field == "annotations" else ()
+    return {
+        key: value for key, value in values.items() if policy.in_domain(key) or key in device_choice
+    }

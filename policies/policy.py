@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.classes import BACKENDS, ClassBase, GpuClass, HamiClass, Model
+from policies.classes import BACKENDS, ClassBase, GpuClass, Model, VirtualGpuClass
+from policies.models import (
+    GFD_PRODUCT_LABEL,
+    USE_GPUTYPE,
+    ClassModel,
+    gputype_annotations,
+    hami_device_type,
+)
 
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
@@ -21,6 +29,7 @@ STANDARD_GPU = "nvidia.com/gpu"
 # growing here; names past it are classified on every request instead. A policy's own names
 # number in the tens, so legitimate traffic never reaches it.
 MAX_REMEMBERED_NAMES = 4096
+STACK_NAMES = {"hami": "HAMi", "volcano": "Volcano"}
 
 
 class ClassKey(NamedTuple):
@@ -70,7 +79,8 @@ class _Lookup:
     raw_names: frozenset[str]
     raw_prefixes: tuple[str, ...]
     domain_prefix: str
-    backend_annotations: list[str]
+    # The device-choice annotations each class writes, by class name.
+    gputypes: dict[str, dict[str, str]]
     kinds: dict[str, ResourceKind] = field(default_factory=dict)
 
 
@@ -107,6 +117,13 @@ class Policy(Model):
                 )
         return classes
 
+    @field_validator("classes")
+    @classmethod
+    def _gpu_models(cls, classes: dict[str, ClassBase]) -> dict[str, ClassBase]:
+        _check_gpu_types(classes)
+        _gputype_table(classes)  # raises ModelConflict, a ValueError, where none is exact
+        return classes
+
     @model_validator(mode="after")
     def _cross_checks(self) -> Policy:
         if self.default_class is not None and self.default_class not in self.classes:
@@ -114,7 +131,6 @@ class Policy(Model):
                 f"defaultClass {self.default_class!r} is not a class "
                 f"(classes: {', '.join(sorted(self.classes))})"
             )
-        _check_hami_types(self.classes)
         return self
 
     @cached_property
@@ -131,8 +147,13 @@ class Policy(Model):
             prefix = getattr(gpu_class, "resource_prefix", None)
             if prefix:
                 prefixes.add(prefix)
-        written = sorted({key for c in self.classes.values() for key in c.annotations()})
-        return _Lookup(keys, frozenset(names), tuple(sorted(prefixes)), self.domain + "/", written)
+        return _Lookup(
+            keys,
+            frozenset(names),
+            tuple(sorted(prefixes)),
+            self.domain + "/",
+            _gputype_table(self.classes),
+        )
 
     def class_key(self, name: str) -> ClassKey | None:
         """Map `D/<class>` or `D/<class>-memory` to its class, or None."""
@@ -165,10 +186,9 @@ class Policy(Model):
         lookup = self._lookup
         return name in lookup.raw_names or name.startswith(lookup.raw_prefixes)
 
-    @property
-    def backend_annotation_keys(self) -> list[str]:
-        """Return the annotation keys backends write (e.g. HAMi's `nvidia.com/use-gputype`)."""
-        return self._lookup.backend_annotations
+    def backend_annotations(self, class_name: str) -> Mapping[str, str]:
+        """Return the device-choice annotations the class's pods get (e.g. use-gputype)."""
+        return self._lookup.gputypes.get(class_name, {})
 
     @property
     def class_annotation(self) -> str:
@@ -181,23 +201,89 @@ class Policy(Model):
         return f"{self.domain}/demand"
 
 
-def _check_hami_types(classes: dict[str, Any]) -> None:
-    """Refuse HAMi type names that would also pick another class's GPUs.
+def _gputype_table(classes: Mapping[str, ClassBase]) -> dict[str, dict[str, str]]:
+    """Return the use-gputype and nouse-gputype annotations of each HAMi and Volcano class."""
+    listed = [ClassModel(name, model) for name, c in classes.items() for model in c.models or ()]
+    table = {}
+    for name, gpu_class in classes.items():
+        if not isinstance(gpu_class, VirtualGpuClass):
+            continue
+        if gpu_class.gpu_types:
+            table[name] = {USE_GPUTYPE: ",".join(gpu_class.gpu_types)}
+        elif gpu_class.models:
+            others = [listing for listing in listed if listing.class_name != name]
+            table[name] = gputype_annotations(
+                name, gpu_class.models, stack=gpu_class.stack, others=others
+            )
+    return table
 
-    HAMi matches `nvidia.com/use-gputype` by case-insensitive substring, so a class typed
-    `A10` would also land on A100s.
+
+def _check_gpu_types(classes: Mapping[str, ClassBase]) -> None:
+    """Refuse `gpuTypes` that would also pick another class's GPUs, or let it pick theirs.
+
+    HAMi and Volcano match `nvidia.com/use-gputype` by case-insensitive substring, so a class
+    typed `A10` would also land on A100s. `gpuTypes` are written as they are, so gpuadm can
+    only refuse such a pair; `models` it can make exact (`policies.models`).
     """
-    typed = [
-        (name, gpu_type)
+    entries = [
+        (name, gpu_class, entry)
         for name, gpu_class in classes.items()
-        if isinstance(gpu_class, HamiClass)
-        for gpu_type in gpu_class.types()
+        for entry in _type_entries(gpu_class)
     ]
-    for name, gpu_type in typed:
-        for other_name, other_type in typed:
-            if other_name != name and gpu_type.upper() in other_type.upper():
+    for name, gpu_class, entry in entries:
+        if not isinstance(gpu_class, VirtualGpuClass):
+            continue  # its pods carry no use-gputype
+        stack = STACK_NAMES[gpu_class.stack]
+        for other_name, other_class, other in entries:
+            if other_name == name or not (_typed(gpu_class) or _typed(other_class)):
+                continue
+            if entry.upper() in other.upper():
                 raise ValueError(
-                    f"class {name!r}: HAMi GPU type {gpu_type!r} is a substring of "
-                    f"{other_type!r} of class {other_name!r}, and HAMi matches by substring, "
-                    f"so {name!r} pods could land on {other_name!r} GPUs; use the full name"
+                    f"class {name!r}: {stack} GPU type {entry!r} is a substring of {other!r} of "
+                    f"class {other_name!r}, and {stack} matches by substring, so {name!r} pods "
+                    f"could land on {other_name!r} GPUs; use the full name"
                 )
+
+
+def _typed(gpu_class: ClassBase) -> bool:
+    return isinstance(gpu_class, VirtualGpuClass) and bool(gpu_class.gpu_types)
+
+
+def _type_entries(gpu_class: ClassBase) -> list[str]:
+    """Return the names a class's GPUs are known by to HAMi and Volcano."""
+    if isinstance(gpu_class, VirtualGpuClass) and gpu_class.gpu_types:
+        return list(gpu_class.gpu_types)
+    return [hami_device_type(model) for model in gpu_class.models or ()]
+
+
+def policy_warnings(policy: Policy) -> list[str]:
+    """Return what the admin should know of a valid policy: classes not held to a GPU model.
+
+    A HAMi or Volcano class with neither `models` nor `gpuTypes` is accepted, but its pods
+    may get any GPU model the stack schedules; a Volcano class that must fall back to
+    `nouse-gputype` alone may also get a model that no class of the policy lists.
+    """
+    warnings = []
+    for name, gpu_class in policy.classes.items():
+        if not isinstance(gpu_class, VirtualGpuClass):
+            continue
+        backend = gpu_class.backend_name()
+        if not gpu_class.models and not gpu_class.gpu_types:
+            note = ""
+            if GFD_PRODUCT_LABEL in gpu_class.node_selector:
+                note = (
+                    f" (its nodeSelector on {GFD_PRODUCT_LABEL} keeps them to those nodes, but "
+                    f"{backend} does not read node labels when it picks a GPU)"
+                )
+            warnings.append(
+                f"class {name} ({backend}) lists neither `models` nor `gpuTypes`: its pods may "
+                f"land on any GPU model{note}; list the GPU models of the class under `models`"
+            )
+        elif gpu_class.models and USE_GPUTYPE not in policy.backend_annotations(name):
+            warnings.append(
+                f"class {name} ({backend}): Volcano ignores nouse-gputype whenever "
+                "use-gputype is set, and use-gputype would also match another class's model, "
+                "so the class's pods get nouse-gputype alone, naming every other model of the "
+                "policy: they may also land on a GPU model that no class lists"
+            )
+    return warnings

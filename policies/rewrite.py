@@ -18,6 +18,7 @@ from policies.asks import Grant
 from policies.classes import ClassBase, rounding_warning
 from policies.demand import ContainerDemand, PodDemand, effective_demand, read_demand
 from policies.errors import Denial
+from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.quantity import format_amount, parse_quantity
 
@@ -61,6 +62,7 @@ def plan(
     charge = effective_demand(charges)
     spec = pod.get("spec") or {}
     _check_scheduler(spec, demand)
+    warnings += _check_device_choice(pod, policy, demand.class_name)
     patch += _metadata_ops(pod, policy, demand, charge)
     patch += _spec_ops(spec, demand.gpu_class)
     demand_text = f"{demand.class_name}={format_amount(charge)}"
@@ -92,7 +94,7 @@ def plan_inputs(
             spec.get("tolerations"),
             bool(annotations),
             owned,
-            [annotations.get(key) for key in policy.backend_annotation_keys],
+            [annotations.get(key) for key in DEVICE_CHOICE_ANNOTATIONS],
             bool(labels),
             labels.get(prefix + "class"),
             namespace_default_class,
@@ -183,6 +185,33 @@ def _check_scheduler(spec: Mapping[str, Any], demand: PodDemand) -> None:
         )
 
 
+def _check_device_choice(pod: Mapping[str, Any], policy: Policy, class_name: str) -> list[str]:
+    """Check the annotations with which a pod would choose its own devices; return notes.
+
+    They are gpuadm's to write: one the class writes is replaced by the class's value, and a
+    note tells the user so; one it does not write is refused, since it would steer the stack
+    around the class.
+    """
+    brought = (pod.get("metadata") or {}).get("annotations") or {}
+    written = policy.backend_annotations(class_name)
+    notes = []
+    for key in DEVICE_CHOICE_ANNOTATIONS:
+        if key not in brought:
+            continue
+        if key not in written:
+            raise Denial(
+                f"annotation {key} chooses the devices the GPU stack may give the pod, and only "
+                f"gpuadm writes it; class {class_name} does not set it: remove it, the class "
+                "chooses the GPU model"
+            )
+        if brought[key] != written[key]:
+            notes.append(
+                f"annotation {key}: {brought[key]!r} replaced by {written[key]!r}, the value "
+                f"of class {class_name}; only gpuadm writes it"
+            )
+    return notes
+
+
 def _metadata_ops(
     pod: Mapping[str, Any], policy: Policy, demand: PodDemand, charge: Fraction
 ) -> Patch:
@@ -190,7 +219,7 @@ def _metadata_ops(
     annotations = {
         policy.class_annotation: demand.class_name,
         policy.demand_annotation: f"{demand.class_name}={format_amount(charge)}",
-        **demand.gpu_class.annotations(),
+        **policy.backend_annotations(demand.class_name),
     }
     labels = {policy.class_annotation: demand.class_name}
     return _map_ops("/metadata/annotations", metadata.get("annotations"), annotations) + _map_ops(
@@ -213,7 +242,7 @@ def _spec_ops(spec: Mapping[str, Any], gpu_class: ClassBase) -> Patch:
     scheduler = gpu_class.scheduler
     if scheduler is not None and spec.get("schedulerName") != scheduler:
         patch.append(_add("/spec/schedulerName", scheduler))
-    if gpu_class.node_selector:
+    if gpu_class.node_expressions:
         affinity = _with_node_affinity(spec.get("affinity") or {}, gpu_class.node_expressions)
         if affinity != (spec.get("affinity") or {}):
             patch.append(_add("/spec/affinity", affinity))

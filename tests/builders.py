@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-# One class per backend, so every table can name the backend by its class.
+# One class per backend, so every table can name the backend by its class. GPU models are
+# listed by the driver's name (`models`); the l4 class keeps the older nodeSelector form.
 POLICY_YAML = """
 domain: gpuadm.io
 defaultClass: t4
@@ -13,8 +14,7 @@ classes:
   a100:
     backend: hami
     memory: 80Gi
-    nodeSelector:
-      nvidia.com/gpu.product: [NVIDIA-A100-SXM4-80GB, NVIDIA-A100-80GB-PCIe]
+    models: [NVIDIA A100-SXM4-80GB, NVIDIA A100 80GB PCIe]
   t4:
     backend: gpu-manager
     memory: 16Gi
@@ -22,8 +22,7 @@ classes:
       gaia.tencent.com/gpu-model: [Tesla-T4]
   h100:
     backend: nvidia
-    nodeSelector:
-      nvidia.com/gpu.product: [NVIDIA-H100-80GB-HBM3]
+    models: [NVIDIA H100 80GB HBM3]
   a100-mig:
     backend: mig
     memory: 80Gi
@@ -37,6 +36,7 @@ classes:
       gpushare: ["true"]
   l4:
     backend: time-slicing
+    # The form from before `models`: a nodeSelector on GPU Feature Discovery's label.
     nodeSelector:
       nvidia.com/gpu.product: [NVIDIA-L4-SHARED]
     tolerations:
@@ -44,8 +44,7 @@ classes:
   a10:
     backend: volcano
     memory: 24Gi
-    nodeSelector:
-      nvidia.com/gpu.product: [NVIDIA-A10]
+    models: [NVIDIA A10]
 """
 
 QUOTAS_YAML = """
@@ -86,3 +85,27 @@ def container(name: str, limits: dict[str, Any], **fields: Any) -> dict[str, Any
     """Build a container whose requests equal its limits, as the apiserver defaults them."""
     resources = {"limits": dict(limits), "requests": dict(limits)} if limits else {}
     return {"name": name, "image": "registry.invalid/app:1", "resources": resources, **fields}
+
+
+def review(
+    obj: dict[str, Any] | None,
+    *,
+    operation: str = "CREATE",
+    namespace: str = "team-x",
+    old: dict[str, Any] | None = None,
+    user: str = "alice",
+    uid: str = "0f1e2d3c",
+) -> dict[str, Any]:
+    """Build an AdmissionReview of a pod as the apiserver sends it."""
+    request: dict[str, Any] = {
+        "uid": uid,
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "operation": operation,
+        "namespace": namespace,
+        "userInfo": {"username": user, "groups": ["system:authenticated"]},
+        "object": obj,
+        "oldObject": old,
+        "dryRun": False,
+    }
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import re
+from typing import Any
 
 import jsonpatch
 import pytest
@@ -12,9 +13,10 @@ from policies import Denial, Policy, check_final, check_update, plan
 from tests.builders import pod
 
 
-def mutated(policy: Policy, limits: dict[str, str]) -> dict:
+def mutated(policy: Policy, limits: dict[str, str]) -> dict[str, Any]:
     body = pod(limits)
-    return jsonpatch.apply_patch(body, plan(body, policy).patch)
+    result: dict[str, Any] = jsonpatch.apply_patch(body, plan(body, policy).patch)
+    return result
 
 
 def test_a_mutated_pod_passes(policy: Policy) -> None:
@@ -87,6 +89,60 @@ def test_updates_to_gpuadm_keys_are_denied(policy: Policy, field: str, change: o
     new = copy.deepcopy(old)
     change(new["metadata"][field])  # type: ignore[operator]
     with pytest.raises(Denial, match="may be set by gpuadm only"):
+        check_update(old, new, policy)
+
+
+@pytest.mark.parametrize(
+    ("class_name", "change", "key"),
+    [
+        pytest.param(
+            "a100",
+            {"nvidia.com/use-gputype": "NVIDIA H100 80GB HBM3"},
+            "nvidia.com/use-gputype",
+            id="hami-use-list-changed",
+        ),
+        pytest.param(
+            "a100",
+            {"nvidia.com/nouse-gputype": "NVIDIA A100-SXM4-80GB"},
+            "nvidia.com/nouse-gputype",
+            id="hami-nouse-list-added",
+        ),
+        pytest.param(
+            "a10",
+            {"nvidia.com/nouse-gputype": "NVIDIA H100"},
+            "nvidia.com/nouse-gputype",
+            id="volcano-nouse-list-changed",
+        ),
+        pytest.param(
+            "a10",
+            {"nvidia.com/use-gputype": "NVIDIA H100"},
+            "nvidia.com/use-gputype",
+            id="volcano-use-list-added",
+        ),
+        pytest.param(
+            "a100", {"nvidia.com/use-gpuuuid": "GPU-1"}, "nvidia.com/use-gpuuuid", id="uuid"
+        ),
+        pytest.param("a10", {"volcano.sh/vgpu-mode": "mig"}, "volcano.sh/vgpu-mode", id="mode"),
+    ],
+)
+def test_an_update_cannot_send_a_pending_pod_to_another_gpu_model(
+    policy: Policy, class_name: str, change: dict[str, str], key: str
+) -> None:
+    old = mutated(policy, {f"gpuadm.io/{class_name}": "1"})
+    assert "nodeName" not in old["spec"], "the pod is pending: not yet bound to a node"
+    new = copy.deepcopy(old)
+    new["metadata"]["annotations"].update(change)
+    with pytest.raises(Denial) as denial:
+        check_update(old, new, policy)
+    assert f"annotation {key} may be set by gpuadm only" in denial.value.message
+    assert "choose its GPU model" in denial.value.message
+
+
+def test_an_update_cannot_remove_the_gpu_model_choice(policy: Policy) -> None:
+    old = mutated(policy, {"gpuadm.io/a100": "1"})
+    new = copy.deepcopy(old)
+    del new["metadata"]["annotations"]["nvidia.com/use-gputype"]
+    with pytest.raises(Denial, match=r"annotation nvidia\.com/use-gputype may be set by gpuadm"):
         check_update(old, new, policy)
 
 

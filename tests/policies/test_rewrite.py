@@ -12,7 +12,7 @@ from policies import Denial, Policy, plan
 from tests.apiserver_rules import violations
 from tests.builders import container, pod
 
-A100_TYPES = "NVIDIA-A100-SXM4-80GB,NVIDIA-A100-80GB-PCIe"
+A100_TYPES = "NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
 
 
 def apply(policy: Policy, body: dict[str, Any], **kwargs: Any) -> tuple[dict[str, Any], Any]:
