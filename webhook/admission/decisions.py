@@ -67,16 +67,16 @@ async def mutate(request: AdmissionRequest, *, config: ConfigHolder) -> Decision
         snapshot = config.current
     except NoConfig as error:
         return Decision("error", f"{error}; retry")
-    return mutate_under(request, snapshot)
+    return await mutate_under(request, snapshot)
 
 
-def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
+async def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
     """Rewrite a pod under one given config snapshot (as `gpuadm review` does)."""
     revisions = config.revisions
     if request.operation != "CREATE" or _exempt(request, config):
         return Decision("allowed", revisions=revisions)
     try:
-        result = config.plan(request.object, request.namespace)
+        result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
     outcome: Outcome = "mutated" if result.patch else "allowed"
@@ -108,7 +108,8 @@ async def validate_under(
     if request.operation != "CREATE":
         return Decision("allowed", revisions=revisions)
     try:
-        result = require_fixed_point(config.plan(request.object, request.namespace))
+        planned = await config.plan_in_turn(request.object, request.namespace, size=request.size)
+        result = require_fixed_point(planned)
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
     if result.class_name is None:

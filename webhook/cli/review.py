@@ -58,7 +58,7 @@ async def simulate_admission(
     pod: dict[str, Any], namespace: str, config: ConfigSnapshot
 ) -> dict[str, Any]:
     """Run the pod through /mutate then /validate, as the apiserver would."""
-    mutated = mutate_under(_request(pod, namespace), config)
+    mutated = await mutate_under(_request(pod, namespace), config)
     result: dict[str, Any] = {
         "namespace": namespace,
         "allowed": mutated.outcome != "denied",

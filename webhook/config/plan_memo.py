@@ -2,48 +2,109 @@
 
 Keyed by `policies.plan_inputs`, which holds exactly what `plan` reads, so a remembered plan
 is the plan. One memo belongs to one config snapshot and goes with it on reload.
+
+The memo is bounded in bytes, not only in entries: a tenant can send distinct pods of a
+megabyte each, and every one of them must not stay. Each entry is weighed when it is made
+(its key, and its patch as JSON, times what a plan object costs over its JSON), the least
+recently used go first, and a plan heavier than a small slice of the budget is not kept at
+all: such pods are one of a kind, so remembering them would only push the others out.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
+
 from policies import Denial, Plan, Policy, plan, plan_inputs
+from webhook.observe.metrics import MemoReading
 
 # Distinct pod shapes remembered. Pods of one ReplicaSet or Job share a shape, so a cluster
 # has about as many shapes as it has GPU workloads: thousands at most.
 MAX_PLANS = 4096
+# What the memo may hold, weighed as below. Typical entries weigh 5 to 10 KiB, so the entry
+# bound is reached long before this one; only large distinct pods meet it.
+MAX_MEMO_BYTES = 32 * 1024 * 1024
+# No single plan heavier than this is remembered (about a 100-container pod).
+MAX_ENTRY_BYTES = MAX_MEMO_BYTES // 64
+# Measured with tracemalloc: a plan object (its patch as dicts, its warnings) takes 3.5 to
+# 4.5 times the size of its patch encoded as JSON, plus the key; 5 errs on the heavy side.
+PLAN_OBJECT_FACTOR = 5
+# Per entry, whatever its size: the OrderedDict node, the Plan and its small fields.
+ENTRY_OVERHEAD_BYTES = 1024
 
 
 class PlanMemo:
-    """A bounded, least-recently-used memo of plans and denials."""
+    """A memo of plans and denials, least recently used first out, bounded in bytes.
 
-    def __init__(self, policy: Policy, size: int = MAX_PLANS) -> None:
+    Safe to call from several threads: large pods are planned off the event loop.
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        max_entries: int = MAX_PLANS,
+        max_bytes: int = MAX_MEMO_BYTES,
+    ) -> None:
+        """Remember plans under `policy`, at most `max_entries` of them weighing `max_bytes`."""
         self._policy = policy
-        self._size = size
-        self._plans: OrderedDict[bytes, Plan | Denial] = OrderedDict()
+        self._max_entries = max_entries
+        self._max_bytes = max_bytes
+        self._plans: OrderedDict[bytes, tuple[Plan | Denial, int]] = OrderedDict()
+        self._weight = 0
+        self._evictions = 0
+        self._lock = threading.Lock()
         self.hits = 0
 
     def __len__(self) -> int:
         return len(self._plans)
 
+    def stats(self) -> MemoReading:
+        """Return what the memo holds now, and how many entries it dropped for room."""
+        return MemoReading(len(self._plans), self._weight, self._evictions)
+
     def plan(self, pod: Mapping[str, Any], *, namespace_default_class: str | None) -> Plan:
         """Return `policies.plan` of the pod, or raise its `Denial`."""
         key = plan_inputs(pod, self._policy, namespace_default_class=namespace_default_class)
-        found = self._plans.get(key)
-        if found is None:
+        with self._lock:
+            entry = self._plans.get(key)
+            if entry is not None:
+                self.hits += 1
+                self._plans.move_to_end(key)
+        if entry is not None:
+            found = entry[0]
+        else:
             try:
                 found = plan(pod, self._policy, namespace_default_class=namespace_default_class)
             except Denial as denial:
                 found = denial
-            self._plans[key] = found
-            if len(self._plans) > self._size:
-                self._plans.popitem(last=False)
-        else:
-            self.hits += 1
-            self._plans.move_to_end(key)
+            self._remember(key, found)
         if isinstance(found, Denial):
             raise Denial(found.message)
         return found
+
+    def _remember(self, key: bytes, found: Plan | Denial) -> None:
+        weight = _weigh(key, found)
+        if weight > min(MAX_ENTRY_BYTES, self._max_bytes):
+            return
+        with self._lock:
+            if key in self._plans:
+                return  # another thread planned the same pod meanwhile
+            self._plans[key] = (found, weight)
+            self._weight += weight
+            while len(self._plans) > self._max_entries or self._weight > self._max_bytes:
+                _, (_, dropped) = self._plans.popitem(last=False)
+                self._weight -= dropped
+                self._evictions += 1
+
+
+def _weigh(key: bytes, found: Plan | Denial) -> int:
+    if isinstance(found, Denial):
+        encoded = len(found.message)
+    else:
+        encoded = len(orjson.dumps(found.patch)) + sum(len(w) for w in found.warnings)
+    return len(key) + PLAN_OBJECT_FACTOR * encoded + ENTRY_OVERHEAD_BYTES

@@ -8,6 +8,7 @@ its ConfigMap, `gpuadm-policy` or `gpuadm-quotas`, for files too.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -16,7 +17,8 @@ from typing import Any, NamedTuple
 
 from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas
 from webhook.config.plan_memo import PlanMemo
-from webhook.observe.metrics import Metrics
+from webhook.observe.metrics import MemoReading, Metrics
+from webhook.reviews.request import LARGE_REVIEW_BYTES
 
 log = logging.getLogger("gpuadm.config")
 
@@ -55,6 +57,16 @@ class ConfigSnapshot:
         default_class = self.quotas.default_class_for(namespace)
         return self.plans.plan(pod, namespace_default_class=default_class)
 
+    async def plan_in_turn(self, pod: Mapping[str, Any], namespace: str, *, size: int) -> Plan:
+        """Like `plan`, but a pod of `size` bytes or more is planned in a worker thread.
+
+        Planning is linear in the pod, so a pod of a megabyte takes tens of milliseconds;
+        in a thread, the event loop keeps answering other reviews meanwhile.
+        """
+        if size < LARGE_REVIEW_BYTES:
+            return self.plan(pod, namespace)
+        return await asyncio.to_thread(self.plan, pod, namespace)
+
 
 def revision_of(text: str) -> str:
     """Return a short content digest, so audit records can name the config that judged."""
@@ -83,6 +95,18 @@ class ConfigHolder:
         """Start with `snapshot` in force (or none); report reloads to `metrics`."""
         self._snapshot = snapshot
         self._metrics = metrics if metrics is not None else Metrics()
+        # Evictions of the memos of snapshots no longer in force, so the counter only grows.
+        self._evictions_before = 0
+        self._metrics.watch_plan_memo(self._memo_reading)
+
+    def _memo_reading(self) -> MemoReading:
+        snapshot = self._snapshot
+        if snapshot is None:
+            return MemoReading(0, 0, self._evictions_before)
+        stats = snapshot.plans.stats()
+        return MemoReading(
+            stats.entries, stats.weight_bytes, self._evictions_before + stats.evictions
+        )
 
     @property
     def loaded(self) -> bool:
@@ -109,6 +133,8 @@ class ConfigHolder:
         ):
             if changed:
                 self._metrics.config_reloads.labels(part, "applied").inc()
+        if current is not None:
+            self._evictions_before += current.plans.stats().evictions
         self._snapshot = snapshot
         self._metrics.config_in_force(snapshot.policy_revision, snapshot.quotas_revision)
         for problem in snapshot.quotas.unknown_classes(snapshot.policy):

@@ -2,10 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+
+class MemoReading(NamedTuple):
+    """The plan memo as the metrics show it."""
+
+    entries: int
+    weight_bytes: int
+    evictions: int
+
+
+class _PlanMemoCollector(Collector):
+    """Reads the plan memo of the config in force at scrape time (it changes on reload)."""
+
+    def __init__(self, read: Callable[[], MemoReading]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self._read()
+        yield GaugeMetricFamily(
+            "gpuadm_plan_memo_entries", "Plans remembered for the config in force.", reading.entries
+        )
+        yield GaugeMetricFamily(
+            "gpuadm_plan_memo_bytes",
+            "Estimated memory the remembered plans take (bounded; see docs/operations.md).",
+            reading.weight_bytes,
+        )
+        yield CounterMetricFamily(
+            "gpuadm_plan_memo_evictions",
+            "Plans dropped from the memo to stay within its bounds.",
+            reading.evictions,
+        )
+
 
 # Most answers take well under a millisecond, so the buckets start at 100 µs.
 LATENCY_BUCKETS = (
@@ -111,6 +146,10 @@ class Metrics:
         if histogram is None:
             histogram = self._latency_children[endpoint] = self.latency.labels(endpoint)
         histogram.observe(seconds)
+
+    def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
+        """Export the plan memo's size and evictions, read from `read` at each scrape."""
+        self.registry.register(_PlanMemoCollector(read))
 
     def config_in_force(self, policy_revision: str, quotas_revision: str) -> None:
         """Export which config is in force, replacing the previous one."""

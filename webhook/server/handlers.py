@@ -9,10 +9,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
@@ -21,12 +23,22 @@ from webhook.admission.audit_record import audit_entry
 from webhook.admission.decisions import Decision
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
-from webhook.reviews.request import AdmissionRequest, BadReview, decode_review
+from webhook.reviews.request import (
+    LARGE_REVIEW_BYTES,
+    AdmissionRequest,
+    BadReview,
+    decode_review,
+)
 from webhook.server.appkeys import METRICS, READINESS
 
 log = logging.getLogger("gpuadm.http")
 
 Decide = Callable[[AdmissionRequest], Awaitable[Decision]]
+# Large reviews read, decoded and planned at once, per endpoint. Each holds its body (up to
+# 7 MiB), its decoded pod (about ten times that) and its plan while it is served, so this
+# bounds what a flood of them costs; the rest wait, unread, in their connections. Real
+# pods this large are rare, and two at a time still serve them as fast as two cores allow.
+MAX_LARGE_IN_FLIGHT = 2
 
 
 class ReviewEndpoint:
@@ -50,10 +62,25 @@ class ReviewEndpoint:
         self.metrics = metrics
         self.audit = audit
         self.max_review_bytes = max_review_bytes
+        self._large = asyncio.Semaphore(MAX_LARGE_IN_FLIGHT)
 
     async def handle(self, request: web.Request) -> web.Response:
         """Decode the review, decide, audit, and answer."""
         started = time.perf_counter()
+        async with self._one_of_few_if_large(request):
+            return await self._serve(request, started)
+
+    @contextlib.asynccontextmanager
+    async def _one_of_few_if_large(self, request: web.Request) -> AsyncIterator[None]:
+        # The apiserver always sends a Content-Length; a body without one may be any size.
+        length = request.content_length
+        if length is not None and length < LARGE_REVIEW_BYTES:
+            yield
+            return
+        async with self._large:
+            yield
+
+    async def _serve(self, request: web.Request, started: float) -> web.Response:
         try:
             review = decode_review(await self._read_body(request))
         except BadReview as error:

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import ssl
 import subprocess
 import sys
 import time
@@ -12,47 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 
-from tests.builders import pod
-from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
-from tests.webhook.server.test_server import review
-
-
-class Server:
-    """A `gpuadm serve` subprocess on a loopback port."""
-
-    def __init__(self, tmp_path: Path, policy: Path, quotas: Path) -> None:
-        self.port = free_port()
-        self.tls_dir = tmp_path / "tls"
-        self.log = (tmp_path / "serve.log").open("w")
-        self.process = spawn_serve(
-            self.port,
-            "--tls-dir",
-            str(self.tls_dir),
-            "--policy",
-            str(policy),
-            "--quotas",
-            str(quotas),
-            log=self.log,
-        )
-        wait_until_listening(self.process, self.port, Path(self.log.name).read_text)
-        self.ssl = ssl.create_default_context(cafile=self.tls_dir / "ca.crt")
-
-    def post(self, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        async def call() -> tuple[int, dict[str, Any]]:
-            async with aiohttp.ClientSession() as session:
-                url = f"https://localhost:{self.port}{path}"
-                async with session.post(url, json=body, ssl=self.ssl) as response:
-                    return response.status, await response.json()
-
-        return asyncio.run(call())
-
-    def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=10)
-        self.log.close()
+from tests.builders import pod, review
+from tests.support import ROOT, ServeProcess
 
 
 @pytest.fixture
@@ -65,13 +26,13 @@ def config_files(tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def server(tmp_path: Path, config_files: tuple[Path, Path]) -> Iterator[Server]:
-    running = Server(tmp_path, *config_files)
+def server(tmp_path: Path, config_files: tuple[Path, Path]) -> Iterator[ServeProcess]:
+    running = ServeProcess(tmp_path, *config_files)
     yield running
     running.stop()
 
 
-def test_serves_a_real_review_over_https_with_its_own_certificate(server: Server) -> None:
+def test_serves_a_real_review_over_https_with_its_own_certificate(server: ServeProcess) -> None:
     status, answer = server.post("/mutate", review(pod({"gpuadm.io/h100": "1"})))
     assert status == 200
     assert answer["response"]["allowed"] is True
@@ -79,7 +40,7 @@ def test_serves_a_real_review_over_https_with_its_own_certificate(server: Server
 
 
 def test_config_edits_apply_live_and_bad_edits_keep_the_last_good_one(
-    server: Server, config_files: tuple[Path, Path]
+    server: ServeProcess, config_files: tuple[Path, Path]
 ) -> None:
     policy, _ = config_files
     body = review(pod({"gpuadm.io/b200": "1"}))

@@ -105,10 +105,36 @@ def test_the_namespace_default_class_is_part_of_the_key() -> None:
 
 
 def test_the_memo_is_bounded_and_counts_hits() -> None:
-    memo = PlanMemo(POLICY, size=2)
+    memo = PlanMemo(POLICY, max_entries=2)
     bodies = [pod({"gpuadm.io/h100": str(n)}) for n in (1, 2, 3)]
     for body in bodies:
         memo.plan(body, namespace_default_class=None)
     memo.plan(bodies[2], namespace_default_class=None)
     assert memo.hits == 1
     assert len(memo) == 2
+
+
+def test_the_memo_is_bounded_in_bytes_and_counts_evictions() -> None:
+    bodies = [pod({"gpuadm.io/h100": str(n)}) for n in range(1, 9)]
+    one = PlanMemo(POLICY)
+    one.plan(bodies[0], namespace_default_class=None)
+    entry = one.stats().weight_bytes
+    memo = PlanMemo(POLICY, max_bytes=3 * entry + entry // 2)
+    for body in bodies:
+        memo.plan(body, namespace_default_class=None)
+    stats = memo.stats()
+    assert stats.entries == 3
+    assert stats.weight_bytes <= 3 * entry + entry // 2
+    assert stats.evictions == len(bodies) - 3
+
+
+def test_a_plan_heavier_than_its_share_of_the_budget_is_not_remembered() -> None:
+    large = pod({"gpuadm.io/a100": "0.5"})
+    large["spec"]["containers"] *= 1000
+    for index, container in enumerate(large["spec"]["containers"]):
+        large["spec"]["containers"][index] = {**container, "name": f"c{index}"}
+    memo = PlanMemo(POLICY)
+    first = memo.plan(large, namespace_default_class=None)
+    assert memo.stats().entries == 0
+    assert memo.plan(large, namespace_default_class=None) == first
+    assert memo.hits == 0

@@ -14,8 +14,8 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.builders import POLICY_YAML, pod
-from tests.webhook.server.test_server import decoded_patch, post, review
+from tests.builders import POLICY_YAML, pod, review
+from tests.webhook.calls import decoded_patch, post
 from webhook.config.snapshot import ConfigHolder, snapshot_from_text
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics

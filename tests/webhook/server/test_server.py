@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import base64
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import jsonpatch
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient
 
 from policies import Plan
 from policies.judge import QuotaVerdict
 from tests.apiserver_rules import violations
-from tests.builders import POLICY_YAML, QUOTAS_YAML, pod
+from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
+from tests.webhook.calls import Client, MakeClient, decoded_patch, post
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.reviews.request import AdmissionRequest
 from webhook.server.app import create_app
 from webhook.server.settings import Settings
-
-Client = TestClient[web.Request, web.Application]
-MakeClient = Callable[..., Awaitable[Client]]
 
 
 def snapshot() -> ConfigSnapshot:
@@ -35,46 +29,6 @@ def snapshot() -> ConfigSnapshot:
 async def client(aiohttp_client: MakeClient) -> Client:
     settings = Settings(max_review_bytes=64 * 1024, trusted_user="system:serviceaccount:gpuadm")
     return await aiohttp_client(create_app(settings, ConfigHolder(snapshot())))
-
-
-def review(
-    obj: dict[str, Any] | None,
-    *,
-    operation: str = "CREATE",
-    namespace: str = "team-x",
-    old: dict[str, Any] | None = None,
-    user: str = "alice",
-    uid: str = "0f1e2d3c",
-) -> dict[str, Any]:
-    request: dict[str, Any] = {
-        "uid": uid,
-        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-        "resource": {"group": "", "version": "v1", "resource": "pods"},
-        "operation": operation,
-        "namespace": namespace,
-        "userInfo": {"username": user, "groups": ["system:authenticated"]},
-        "object": obj,
-        "oldObject": old,
-        "dryRun": False,
-    }
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
-
-
-async def post(client: Client, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    response = await client.post(path, json=body)
-    assert response.status == 200, await response.text()
-    answer: dict[str, Any] = await response.json()
-    assert answer["apiVersion"] == "admission.k8s.io/v1"
-    assert answer["kind"] == "AdmissionReview"
-    assert answer["response"]["uid"] == body["request"]["uid"]
-    decided: dict[str, Any] = answer["response"]
-    return decided
-
-
-def decoded_patch(response: dict[str, Any]) -> list[dict[str, Any]]:
-    assert response["patchType"] == "JSONPatch"
-    patch: list[dict[str, Any]] = json.loads(base64.b64decode(response["patch"]))
-    return patch
 
 
 async def test_mutate_rewrites_a_class_request(client: Client) -> None:
