@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from policies import ConfigError, load_policy, load_quotas
+from policies import ConfigError, load_policy, load_quotas, policy_warnings
 from webhook.cli.exits import ExitCode
 
 
@@ -19,7 +19,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    """Validate each file; print every problem, or a line saying all is well."""
+    """Validate each file; print every problem, or a line saying all is well.
+
+    Warnings (a valid policy that may not do what its author meant) do not fail the check.
+    """
     problems: list[str] = []
     policies, quotas = [], []
     for path in args.files:
@@ -39,6 +42,9 @@ def run(args: argparse.Namespace) -> ExitCode:
             problems += [f"{source}: {problem}" for problem in quota.unknown_classes(policy)]
     for problem in problems:
         print(problem)
+    for policy in policies:
+        for warning in policy_warnings(policy):
+            print(f"warning: {warning}")
     if problems:
         return ExitCode.REFUSED
     print(f"ok: {len(policies)} policy and {len(quotas)} quota config(s) are valid")

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas
+from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
 from webhook.config.plan_memo import PlanMemo
 from webhook.observe.metrics import MemoReading, Metrics
 from webhook.reviews.request import LARGE_REVIEW_BYTES
@@ -137,6 +137,9 @@ class ConfigHolder:
             self._evictions_before += current.plans.stats().evictions
         self._snapshot = snapshot
         self._metrics.config_in_force(snapshot.policy_revision, snapshot.quotas_revision)
+        if current is None or current.policy_revision != snapshot.policy_revision:
+            for warning in policy_warnings(snapshot.policy):
+                log.warning("%s: %s", POLICY_PART, warning)
         for problem in snapshot.quotas.unknown_classes(snapshot.policy):
             log.warning("%s: %s", QUOTAS_PART, problem)
         log.info(

@@ -171,3 +171,14 @@ def test_certs_generate_writes_a_ca_and_a_serving_pair(
     shown = capsys.readouterr().out
     assert "gpuadm.gpuadm-system.svc" in shown
     assert "10.0.0.9" in shown
+
+
+def test_check_config_warns_of_a_hami_class_without_models(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("classes:\n  any:\n    backend: hami\n    memory: 80Gi\n")
+    assert main(["check-config", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: class any (hami) lists neither `models` nor `gpuTypes`" in out
+    assert "ok: 1 policy and 0 quota config(s) are valid" in out
