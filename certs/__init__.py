@@ -4,7 +4,13 @@ This package knows nothing of admission or of the cluster API; whoever keeps
 the certificates in a Secret calls these functions.
 """
 
-from certs.files import CertificateReloader, TLSPaths, server_ssl_context, write_tls_dir
+from certs.files import (
+    CertificateReloader,
+    TLSPaths,
+    peer_certificate_verified,
+    server_ssl_context,
+    write_tls_dir,
+)
 from certs.material import (
     CLOCK_SKEW_ALLOWANCE,
     CertifiedKey,
@@ -34,6 +40,7 @@ __all__ = [
     "load_certified_key",
     "new_ca",
     "new_serving_cert",
+    "peer_certificate_verified",
     "renewal_due",
     "server_ssl_context",
     "service_dns_names",

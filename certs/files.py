@@ -43,14 +43,34 @@ def write_tls_dir(directory: StrPath, *, ca: CertifiedKey, serving: CertifiedKey
     return paths
 
 
-def server_ssl_context(cert_file: StrPath, key_file: StrPath) -> ssl.SSLContext:
-    """Build the TLS server context the webhook listens with."""
+def server_ssl_context(
+    cert_file: StrPath, key_file: StrPath, *, client_ca_file: StrPath | None = None
+) -> ssl.SSLContext:
+    """Build the TLS server context the webhook listens with.
+
+    With ``client_ca_file``, a client that presents a certificate must present one signed
+    by that CA, or the handshake fails. Presenting none stays possible at this layer, so
+    that health probes and metric scrapes, which have no certificate, still connect; the
+    server decides per path whether a verified certificate is required
+    (``peer_certificate_verified``).
+    """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     # The apiserver calls webhooks over HTTP/1.1 only.
     context.set_alpn_protocols(["http/1.1"])
     context.load_cert_chain(cert_file, key_file)
+    if client_ca_file is not None:
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cafile=client_ca_file)
     return context
+
+
+def peer_certificate_verified(peer_certificate: object) -> bool:
+    """Tell whether a connection's peer presented a certificate the context verified.
+
+    Takes what ``getpeercert()`` returned: a non-empty dict only for a verified certificate.
+    """
+    return isinstance(peer_certificate, dict) and bool(peer_certificate)
 
 
 class CertificateReloader:

@@ -66,8 +66,11 @@ def wait_until_listening(
 class ServeProcess:
     """A standalone `gpuadm serve` subprocess on a loopback port, and calls to it."""
 
-    def __init__(self, tmp_path: Path, policy: Path, quotas: Path) -> None:
-        """Serve `policy` and `quotas`, with TLS material and the log under `tmp_path`."""
+    def __init__(self, tmp_path: Path, policy: Path, quotas: Path, *extra: str) -> None:
+        """Serve `policy` and `quotas`, with TLS material and the log under `tmp_path`.
+
+        `extra` are more `gpuadm serve` arguments.
+        """
         self.port = free_port()
         self.tls_dir = tmp_path / "tls"
         self.log = (tmp_path / "serve.log").open("w")
@@ -79,6 +82,7 @@ class ServeProcess:
             str(policy),
             "--quotas",
             str(quotas),
+            *extra,
             log=self.log,
         )
         wait_until_listening(self.process, self.port, Path(self.log.name).read_text)

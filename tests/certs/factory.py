@@ -4,6 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
 from certs import CertifiedKey, KeyType, new_ca, new_serving_cert, service_dns_names
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -39,3 +44,34 @@ def wall_clock_pair() -> tuple[CertifiedKey, CertifiedKey]:
     now = datetime.now(UTC)
     ca = make_ca(now=now)
     return ca, make_serving(ca, now=now)
+
+
+def make_client(ca: CertifiedKey, common_name: str, *, now: datetime | None = None) -> CertifiedKey:
+    """Return a client certificate (clientAuth) for `common_name`, signed by `ca`.
+
+    gpuadm never issues client certificates; the apiserver's come from the cluster's own
+    PKI. The tests make one the way such a PKI would.
+    """
+    now = now or datetime.now(UTC)
+    issuer = x509.load_pem_x509_certificate(ca.cert_pem)
+    ca_key = serialization.load_pem_private_key(ca.key_pem, password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(issuer.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(now + timedelta(days=1))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    return CertifiedKey(cert.public_bytes(serialization.Encoding.PEM), key_pem)

@@ -49,12 +49,27 @@ RENDERS: dict[str, tuple[str, ...]] = {
         "--set",
         "certManager.enabled=true",
     ),
+    "kustomize-client-auth": ("kustomize", "build", "deploy/client-auth"),
+    "helm-client-auth": (
+        "helm",
+        *HELM_TEMPLATE,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "clientAuth.caConfigMap=gpuadm-client-ca",
+    ),
 }
+# Renders whose gpuadm answers only callers with a client certificate of gpuadm-client-ca.
+WITH_CLIENT_AUTH = {"kustomize-client-auth", "helm-client-auth"}
 WITH_CERT_MANAGER = {"kustomize-cert-manager", "helm-cert-manager"}
 # Renders whose pods serve a mounted Secret rather than managing their own TLS.
 MOUNTING_THE_SECRET = {*WITH_CERT_MANAGER, "kustomize-mounted-secret"}
 # Each kustomize render and the Helm render that must match it.
-COUNTERPARTS = [("kustomize-base", "helm"), ("kustomize-cert-manager", "helm-cert-manager")]
+COUNTERPARTS = [
+    ("kustomize-base", "helm"),
+    ("kustomize-cert-manager", "helm-cert-manager"),
+    ("kustomize-client-auth", "helm-client-auth"),
+]
 
 GPU_RESOURCE_NAMES = [
     "nvidia.com/gpu",
@@ -435,7 +450,11 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
     mounted = ["--cert-file", "/etc/gpuadm/tls/tls.crt", "--key-file", "/etc/gpuadm/tls/tls.key"]
     managed = ["--manage-tls", "--tls-dir", "/tmp/tls"]
     mounting = rendered.name in MOUNTING_THE_SECRET
-    assert container["command"] == serve + (mounted if mounting else managed)
+    client_auth = ["--client-ca-file", "/etc/gpuadm/client-ca/ca.crt"]
+    expected = serve + (mounted if mounting else managed)
+    if rendered.name in WITH_CLIENT_AUTH:
+        expected += client_auth
+    assert container["command"] == expected
     assert container["env"] == [
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}}
     ]
@@ -858,3 +877,21 @@ def test_install_script_without_go_says_what_to_install(tmp_path: Path) -> None:
     assert result.stdout == ""
     assert "Go is not installed" in result.stderr
     assert "Install Go 1.26 or newer" in result.stderr
+
+
+@pytest.mark.parametrize("name", sorted(RENDERS))
+def test_client_auth_is_on_exactly_where_asked_for(render: Render, name: str) -> None:
+    (deployment,) = [o for o in render(name) if o["kind"] == "Deployment"]
+    pod_spec = deployment["spec"]["template"]["spec"]
+    (container,) = pod_spec["containers"]
+    command = container["command"]
+    if name not in WITH_CLIENT_AUTH:
+        assert "--client-ca-file" not in command
+        return
+    ca_file = Path(command[command.index("--client-ca-file") + 1])
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "client-ca"]
+    assert ca_file.parent == Path(mount["mountPath"])
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "client-ca"]
+    assert volume["configMap"]["name"] == "gpuadm-client-ca"
+    assert ca_file.name == "ca.crt"

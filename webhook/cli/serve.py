@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import ssl
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=Path,
         help="where a self-signed certificate is written when --cert-file is not given "
         "(default: a new temporary directory)",
+    )
+    serve.add_argument(
+        "--client-ca-file",
+        type=Path,
+        help="answer /mutate and /validate only for callers whose client certificate this CA "
+        "signed (the apiserver's, set in its admission configuration); probes and /metrics "
+        "need none",
     )
     flags.add_config_files(serve, required=False)
     flags.add_kubeconfig(serve)
@@ -111,6 +119,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         port=args.port,
         cert_file=cert_file,
         key_file=key_file,
+        client_ca_file=args.client_ca_file,
         policy_file=args.policy,
         quotas_file=args.quotas,
         namespace=args.namespace,
@@ -118,7 +127,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     )
     _use_fast_loop()
     audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
-    ssl_context = server_ssl_context(cert_file, key_file)
+    try:
+        ssl_context = server_ssl_context(cert_file, key_file, client_ca_file=args.client_ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise CommandError(f"cannot load the TLS files: {error}") from None
     reloader = CertificateReloader(ssl_context, cert_file, key_file)
     if kube is None:
         snapshot = load_config(args.policy, args.quotas)

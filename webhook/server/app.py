@@ -50,6 +50,7 @@ def create_app(
         metrics=metrics,
         audit=audit,
         max_review_bytes=settings.max_review_bytes,
+        require_client_certificate=settings.client_ca_file is not None,
     )
     mutate = partial(decisions.mutate, config=config)
     validate = partial(

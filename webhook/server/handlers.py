@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from certs import peer_certificate_verified
 from webhook.admission.audit_record import audit_entry
 from webhook.admission.decisions import Decision
 from webhook.observe.audit_log import AuditLog
@@ -52,21 +53,28 @@ class ReviewEndpoint:
         metrics: Metrics,
         audit: AuditLog | None,
         max_review_bytes: int,
+        require_client_certificate: bool = False,
     ) -> None:
         """Answer reviews with `decide`, labelled `name` in metrics and audit records.
 
-        Bodies over `max_review_bytes` are refused with 413 before they are parsed.
+        Bodies over `max_review_bytes` are refused with 413 before they are parsed. With
+        `require_client_certificate`, a caller without a verified certificate gets 401.
         """
         self.name = name
         self.decide = decide
         self.metrics = metrics
         self.audit = audit
         self.max_review_bytes = max_review_bytes
+        self.require_client_certificate = require_client_certificate
         self._large = asyncio.Semaphore(MAX_LARGE_IN_FLIGHT)
 
     async def handle(self, request: web.Request) -> web.Response:
         """Decode the review, decide, audit, and answer."""
         started = time.perf_counter()
+        if self.require_client_certificate and not _caller_verified(request):
+            return self._bad_request(
+                401, "a client certificate signed by gpuadm's --client-ca-file is required"
+            )
         async with self._one_of_few_if_large(request):
             return await self._serve(request, started)
 
@@ -126,6 +134,11 @@ class ReviewEndpoint:
         log.warning("refused a request to /%s with HTTP %d: %s", self.name, status, reason)
         self.metrics.bad_requests.labels(self.name, str(status)).inc()
         return _json(status, {"error": reason})
+
+
+def _caller_verified(request: web.Request) -> bool:
+    transport = request.transport
+    return transport is not None and peer_certificate_verified(transport.get_extra_info("peercert"))
 
 
 def _json(status: int, payload: object) -> web.Response:

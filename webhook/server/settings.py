@@ -23,6 +23,8 @@ class Settings:
     """The serving certificate (PEM); reloaded when the file changes."""
     key_file: Path | None = None
     """The key of the serving certificate (PEM)."""
+    client_ca_file: Path | None = None
+    """When set, /mutate and /validate answer only callers whose certificate this CA signed."""
     policy_file: Path | None = None
     """Standalone: the policy file, reloaded when it changes. None in a cluster."""
     quotas_file: Path | None = None
