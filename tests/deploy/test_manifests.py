@@ -527,7 +527,12 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
     )
     assert _rules(rendered.one("Role")) == sorted(
         [
-            ("", "configmaps", (), ("create", "get", "list", "patch", "update", "watch")),
+            (
+                "",
+                "configmaps",
+                (),
+                ("create", "delete", "get", "list", "patch", "update", "watch"),
+            ),
             ("", "events", (), ("create", "patch")),
             ("", "secrets", ("gpuadm-tls",), ("get", "patch", "update")),
             ("", "secrets", (), ("create",)),

@@ -126,6 +126,19 @@ class Kube:
         name = body["metadata"]["name"]
         return self._json(self._core.replace_namespaced_config_map, name, namespace, body)
 
+    def delete_configmap(self, namespace: str, name: str, *, resource_version: str) -> None:
+        """Delete a ConfigMap if it is still at `resource_version`; a 409 means it changed."""
+        self._json(
+            self._core.delete_namespaced_config_map,
+            name,
+            namespace,
+            body={"preconditions": {"resourceVersion": resource_version}},
+        )
+
+    def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """Return a Namespace, or None if it does not exist."""
+        return self._json_or_none(self._core.read_namespace, name)
+
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a Secret, or None if it does not exist."""
         return self._json_or_none(self._core.read_namespaced_secret, name, namespace)

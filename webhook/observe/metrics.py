@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -17,6 +17,39 @@ class MemoReading(NamedTuple):
     entries: int
     weight_bytes: int
     evictions: int
+
+
+class QuotaReading(NamedTuple):
+    """What a namespace holds of a class now, and its limit (None: unlimited)."""
+
+    namespace: str
+    gpu_class: str
+    in_use: float
+    limit: float | None
+
+
+class _QuotaCollector(Collector):
+    """Reads quota use at scrape time, for the namespaces that hold GPUs now and no others."""
+
+    def __init__(self, read: Callable[[], Iterable[QuotaReading]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "gpu_class"]
+        in_use = GaugeMetricFamily(
+            "gpuadm_quota_in_use_gpus",
+            "GPUs a namespace holds of a class now: its pods and its reservations.",
+            labels=labels,
+        )
+        limit = GaugeMetricFamily(
+            "gpuadm_quota_limit_gpus", "Quota limit of a namespace for a class.", labels=labels
+        )
+        for reading in self._read():
+            in_use.add_metric([reading.namespace, reading.gpu_class], reading.in_use)
+            if reading.limit is not None:
+                limit.add_metric([reading.namespace, reading.gpu_class], reading.limit)
+        yield in_use
+        yield limit
 
 
 class _PlanMemoCollector(Collector):
@@ -88,18 +121,6 @@ class Metrics:
             ["endpoint", "status"],
             registry=r,
         )
-        self.quota_in_use = Gauge(
-            "gpuadm_quota_in_use_gpus",
-            "GPUs a namespace holds of a class, at its last judgement.",
-            ["namespace", "gpu_class"],
-            registry=r,
-        )
-        self.quota_limit = Gauge(
-            "gpuadm_quota_limit_gpus",
-            "Quota limit of a namespace for a class.",
-            ["namespace", "gpu_class"],
-            registry=r,
-        )
         self.config_reloads = Counter(
             "gpuadm_config_reloads",
             "Config loads by source and result (applied or rejected).",
@@ -146,6 +167,10 @@ class Metrics:
         if histogram is None:
             histogram = self._latency_children[endpoint] = self.latency.labels(endpoint)
         histogram.observe(seconds)
+
+    def watch_quota(self, read: Callable[[], Iterable[QuotaReading]]) -> None:
+        """Export quota use and limits, read from `read` at each scrape."""
+        self.registry.register(_QuotaCollector(read))
 
     def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""

@@ -16,6 +16,9 @@ from webhook.kube.client import MANAGED_BY, Kube, KubeError
 from webhook.quota.reservations import EMPTY, Conflict, Record, Reservation
 
 DATA_KEY = "reservations.json"
+# The label that marks a record and names its tenant namespace (a name may be cut, a label
+# value is the whole namespace name).
+USAGE_FOR = "gpuadm.io/usage-for"
 
 
 def record_name(namespace: str) -> str:
@@ -48,7 +51,7 @@ class ConfigMapStore:
         metadata: dict[str, Any] = {
             "name": record_name(namespace),
             "namespace": self.namespace,
-            "labels": {**MANAGED_BY, "gpuadm.io/usage-for": namespace},
+            "labels": {**MANAGED_BY, USAGE_FOR: namespace},
         }
         if version is not None:
             metadata["resourceVersion"] = version
@@ -70,3 +73,25 @@ class ConfigMapStore:
                 raise Conflict(namespace) from None
             raise
         return str(stored["metadata"]["resourceVersion"])
+
+    async def delete(self, namespace: str, version: str) -> None:
+        """Delete the record if it is still at `version`; raise `Conflict` if it moved on."""
+        try:
+            await asyncio.to_thread(
+                self.kube.delete_configmap,
+                self.namespace,
+                record_name(namespace),
+                resource_version=version,
+            )
+        except KubeError as error:
+            if error.status == 409:
+                raise Conflict(namespace) from None
+            if error.status != 404:  # gone already: what deleting wanted
+                raise
+
+    async def namespaces(self) -> list[str]:
+        """Return the tenant namespaces that have a record, by the records' label."""
+        page = await asyncio.to_thread(
+            self.kube.list_configmaps, self.namespace, label_selector=USAGE_FOR
+        )
+        return [str(m["metadata"]["labels"][USAGE_FOR]) for m in page.items]

@@ -22,14 +22,15 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge
-from policies.quotas import ALL_CLASSES
+from policies.quotas import ALL_CLASSES, QuotaConfig
 from webhook.config.snapshot import ConfigSnapshot
-from webhook.observe.metrics import Metrics
+from webhook.observe.metrics import Metrics, QuotaReading
+from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
@@ -58,8 +59,13 @@ class QuotaLedger:
         clock: Callable[[], float] = time.time,
         reservation_ttl: float = RESERVATION_TTL,
         metrics: Metrics | None = None,
+        namespace_exists: Callable[[str], Awaitable[bool]] = every_namespace_exists,
     ) -> None:
-        """Build a ledger; with `pods_visible` False (standalone) reservations never expire."""
+        """Build a ledger; with `pods_visible` False (standalone) reservations never expire.
+
+        `usage_ready` says whether the usage index is in sync; `namespace_exists` whether a
+        namespace is real, so that nothing is judged or kept for one that is not.
+        """
         self.usage = usage
         self.store = store
         self.pods_visible = pods_visible
@@ -67,6 +73,7 @@ class QuotaLedger:
         self.clock = clock
         self.reservation_ttl = reservation_ttl
         self.metrics = metrics
+        self.namespace_exists = namespace_exists
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._records: dict[str, Record] = {}
 
@@ -82,6 +89,8 @@ class QuotaLedger:
             return QuotaVerdict(
                 False, "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
             )
+        if not await self.namespace_exists(namespace):
+            return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
         async with self._locks[namespace]:
             for _ in range(MAX_ATTEMPTS):
                 try:
@@ -116,22 +125,12 @@ class QuotaLedger:
             limits=limits,
             mode=config.quotas.mode,
         )
-        self._export(namespace, plan.class_name, verdict.in_use, limits)
         if not verdict.allowed or request.dry_run:
             return verdict
         kept[key] = Reservation(plan.class_name, plan.charge, now, request.pod_name)
         version = await self.store.write(namespace, kept, record.version)
         self._records[namespace] = Record(kept, version)
         return verdict
-
-    def _export(
-        self, namespace: str, class_name: str, used: Fraction, limits: Mapping[str, Fraction]
-    ) -> None:
-        if self.metrics is None:
-            return
-        self.metrics.quota_in_use.labels(namespace, class_name).set(float(used))
-        if class_name in limits:
-            self.metrics.quota_limit.labels(namespace, class_name).set(float(limits[class_name]))
 
     def in_use(self, namespace: str) -> dict[str, Fraction]:
         """Return what a namespace holds now, pods and cached reservations together."""
@@ -160,21 +159,54 @@ class QuotaLedger:
             )
         return totals
 
-    def namespaces(self) -> list[str]:
-        """Return the namespaces whose records this replica has written."""
-        return list(self._records)
+    def readings(self, quotas: QuotaConfig) -> list[QuotaReading]:
+        """Return what each namespace holding GPUs has in use of each class, and its limit.
+
+        Only namespaces that hold pods or reservations appear, so the metric series of a
+        namespace go away with its usage.
+        """
+        namespaces = set(self.usage.namespaces()) | set(self._records)
+        readings = []
+        for namespace in sorted(namespaces):
+            limits = quotas.limits_for(namespace)
+            for class_name, used in sorted(self.in_use(namespace).items()):
+                limit = limits.get(class_name)
+                readings.append(
+                    QuotaReading(
+                        namespace,
+                        class_name,
+                        float(used),
+                        None if limit is None else float(limit),
+                    )
+                )
+        return readings
+
+    async def prune_all(self) -> None:
+        """Prune the record of every namespace that has one, written by any replica."""
+        for namespace in await self.store.namespaces():
+            await self.prune(namespace)
 
     async def prune(self, namespace: str) -> None:
-        """Drop expired reservations from a namespace's record, so records stay small."""
+        """Drop expired reservations from a namespace's record; delete a record left empty.
+
+        So records exist only while they hold reservations, and a namespace that holds none
+        (or never held a pod, as with a forged review) leaves nothing behind.
+        """
         async with self._locks[namespace]:
             try:
                 record = await self.store.read(namespace)
                 kept = self._unexpired(record, self.clock())
-                if len(kept) != len(record.reservations):
+                if not kept and record.version is not None:
+                    await self.store.delete(namespace, record.version)
+                elif len(kept) != len(record.reservations):
                     version = await self.store.write(namespace, kept, record.version)
                     self._records[namespace] = Record(kept, version)
             except Conflict:
                 self._records.pop(namespace, None)
+                return
+        if not kept:
+            # Its lock stays: it may have waiters, and locks exist only for real namespaces.
+            self._records.pop(namespace, None)
 
 
 def _reservation_key(request: AdmissionRequest) -> str:

@@ -73,6 +73,14 @@ class ReservationStore(Protocol):
         """Replace the record if it is still at `version`; return the new version."""
         ...
 
+    async def delete(self, namespace: str, version: str) -> None:
+        """Delete the record if it is still at `version`, else raise `Conflict`."""
+        ...
+
+    async def namespaces(self) -> list[str]:
+        """Return the namespaces that have a record."""
+        ...
+
 
 class MemoryStore:
     """An in-process store with the apiserver's resourceVersion semantics.
@@ -106,3 +114,16 @@ class MemoryStore:
         self._records[namespace] = Record(dict(reservations), new_version)
         self.writes += 1
         return new_version
+
+    async def delete(self, namespace: str, version: str) -> None:
+        """Delete the record if it is still at `version`."""
+        await asyncio.sleep(0)
+        if self._records.get(namespace, EMPTY).version != version:
+            self.conflicts += 1
+            raise Conflict(namespace)
+        del self._records[namespace]
+
+    async def namespaces(self) -> list[str]:
+        """Return the namespaces that have a record."""
+        await asyncio.sleep(0)
+        return list(self._records)

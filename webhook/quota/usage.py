@@ -42,6 +42,10 @@ class UsageIndex:
     def __contains__(self, uid: object) -> bool:
         return uid in self._pods
 
+    def namespaces(self) -> list[str]:
+        """Return the namespaces that hold GPU pods."""
+        return list(self._sums)
+
     def in_use(self, namespace: str) -> Mapping[str, Fraction]:
         """Return the GPUs each class holds in a namespace."""
         return self._sums.get(namespace, {})

@@ -17,6 +17,7 @@ from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.configmap_store import ConfigMapStore
 from webhook.quota.ledger import QuotaLedger
+from webhook.quota.namespaces import KnownNamespaces
 from webhook.quota.podwatch import PodWatcher
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
@@ -49,6 +50,7 @@ def standalone_app(
         holder, settings.policy_file, settings.quotas_file, every_seconds=settings.reload_seconds
     )
     ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
+    export_quota(metrics, ledger, holder)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
     return create_app(
         settings,
@@ -84,7 +86,9 @@ def cluster_app(
         pods_visible=True,
         usage_ready=pods.ready,
         metrics=metrics,
+        namespace_exists=KnownNamespaces(kube).exists,
     )
+    metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return create_app(
         settings,
@@ -103,11 +107,15 @@ def cluster_app(
     )
 
 
+def export_quota(metrics: Metrics, ledger: QuotaLedger, holder: ConfigHolder) -> None:
+    """Export, at each scrape, what the ledger's namespaces hold under the quotas in force."""
+    metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
+
+
 async def _prune_forever(ledger: QuotaLedger) -> None:
     while True:
         await asyncio.sleep(PRUNE_SECONDS)
-        for namespace in ledger.namespaces():
-            try:
-                await ledger.prune(namespace)
-            except Exception:
-                log.exception("pruning the quota record of %s failed", namespace)
+        try:
+            await ledger.prune_all()
+        except Exception:  # an apiserver error or a bad record must not end pruning for good
+            log.exception("pruning the quota records failed; retrying in %.0f s", PRUNE_SECONDS)

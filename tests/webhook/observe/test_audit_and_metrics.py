@@ -23,6 +23,7 @@ from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
 from webhook.server.app import create_app
+from webhook.server.replica import export_quota
 from webhook.server.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -65,7 +66,9 @@ async def served(
     metrics = Metrics()
     audit = AuditLog(str(audit_file))
     ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
-    app = create_app(Settings(), ConfigHolder(snapshot), quota=ledger, metrics=metrics, audit=audit)
+    holder = ConfigHolder(snapshot)
+    export_quota(metrics, ledger, holder)
+    app = create_app(Settings(), holder, quota=ledger, metrics=metrics, audit=audit)
     return await aiohttp_client(app), metrics, audit
 
 
@@ -187,8 +190,8 @@ async def test_metrics_move_as_requests_are_made(
     assert value("gpuadm_admission_duration_seconds_count", endpoint="validate") == 1
     assert value("gpuadm_admission_duration_seconds_bucket", endpoint="validate", le="+Inf") == 1
     assert value("gpuadm_bad_requests_total", endpoint="mutate", status="400") == 1
-    assert value("gpuadm_quota_in_use_gpus", namespace="team-q", gpu_class="h100") == 0
+    assert value("gpuadm_quota_in_use_gpus", namespace="team-q", gpu_class="h100") == 1
     assert value("gpuadm_quota_limit_gpus", namespace="team-q", gpu_class="h100") == 2
     await create(client, {"gpuadm.io/h100": "1"}, "team-q")
     text = await (await client.get("/metrics")).text()
-    assert value("gpuadm_quota_in_use_gpus", namespace="team-q", gpu_class="h100") == 1
+    assert value("gpuadm_quota_in_use_gpus", namespace="team-q", gpu_class="h100") == 2

@@ -196,9 +196,53 @@ async def test_prune_drops_expired_reservations_from_the_record() -> None:
     store = MemoryStore()
     quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    now[0] = 50
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
     now[0] = 100
-    await quota.prune("team-a")
-    assert (await store.read("team-a")).reservations == {}
+    await quota.prune_all()
+    assert await store.namespaces() == ["team-a"]
+    assert len((await store.read("team-a")).reservations) == 1
+
+
+async def test_a_record_left_without_reservations_is_deleted() -> None:
+    now = [0.0]
+    store = MemoryStore()
+    quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    assert await store.namespaces() == ["team-a"]
+    now[0] = 100
+    await quota.prune_all()
+    assert await store.namespaces() == []
+    assert quota.readings(config().quotas) == []
+
+
+async def test_a_namespace_that_does_not_exist_is_refused_and_leaves_nothing() -> None:
+    store = MemoryStore()
+
+    async def only_team_a(name: str) -> bool:
+        return name == "team-a"
+
+    quota = ledger(store, namespace_exists=only_team_a)
+    limited_everywhere = config("default: {h100: 1}\n" + QUOTAS)
+    body = stored_pod({"gpuadm.io/h100": "1"}, namespace="made-up")
+    outcome = await judged(quota, body, limited_everywhere)
+    assert not outcome.allowed
+    assert outcome.message == 'namespace "made-up" does not exist'
+    assert store.writes == 0
+    assert await store.namespaces() == []
+    assert quota.readings(limited_everywhere.quotas) == []
+
+
+async def test_readings_cover_namespaces_that_hold_gpus_with_their_limits() -> None:
+    quota = ledger()
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "2"}))
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}, namespace="team-w"))
+    assert await admit(quota, stored_pod({"gpuadm.io/t4": "1"}, namespace="team-x"))
+    readings = quota.readings(config().quotas)
+    assert {(r.namespace, r.gpu_class): (r.in_use, r.limit) for r in readings} == {
+        ("team-a", "h100"): (2.0, 10.0),
+        ("team-w", "h100"): (1.0, 1.0),
+    }
 
 
 def test_usage_index_sums_are_exact_and_drop_terminal_pods() -> None:
