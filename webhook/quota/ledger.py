@@ -3,11 +3,16 @@
 What a namespace holds is (a) the GPU pods the pod watch has shown, plus (b) the
 reservations of pods admitted but not yet shown. Two rules keep this from over-admitting:
 
-- Within a replica, one namespace's admissions are judged one after another (a lock per
-  namespace), so two requests never both see the same free room.
+- Within a replica, one namespace's admissions are judged one after another, each against
+  what the ones before it reserved, so two requests never both see the same free room.
 - Across replicas, the reservation record is written with the version it was read at. If
   another replica wrote in between, the write fails, and the judgement is redone on the new
   record. A pod is admitted only after its reservation is stored.
+
+Admissions that arrive while a namespace's record is being written wait, and are then
+judged together, in arrival order, and stored with one write: a group commit, as the
+apiserver's own ResourceQuota admission batches the admissions waiting on one quota. A
+burst of creates in one namespace costs a few writes, not one per pod.
 
 A reservation stops counting once this replica's watch has shown the pod (it is then counted
 as a pod, once), and it is pruned from the record only after `reservation_ttl`, longer than
@@ -23,6 +28,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies import Plan
@@ -44,6 +50,19 @@ RESERVATION_TTL = 90.0
 # a burst far beyond what one namespace sees; then the request is refused with "retry"
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
+
+
+@dataclass(frozen=True, slots=True)
+class _Ask:
+    """One admission waiting to be judged with the others of its namespace."""
+
+    request: AdmissionRequest
+    plan: Plan
+    config: ConfigSnapshot
+    limits: Mapping[str, Fraction]
+    verdict: asyncio.Future[QuotaVerdict] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
 
 class QuotaLedger:
@@ -76,6 +95,9 @@ class QuotaLedger:
         self.namespace_exists = namespace_exists
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         self._records: dict[str, Record] = {}
+        # Admissions not yet judged, and the task that judges them, per namespace.
+        self._waiting: defaultdict[str, list[_Ask]] = defaultdict(list)
+        self._committers: dict[str, asyncio.Task[None]] = {}
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -91,46 +113,71 @@ class QuotaLedger:
             )
         if not await self.namespace_exists(namespace):
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
-        async with self._locks[namespace]:
+        ask = _Ask(request, plan, config, limits)
+        self._waiting[namespace].append(ask)
+        if namespace not in self._committers:
+            task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
+            self._committers[namespace] = task
+        return await ask.verdict
+
+    async def _commit(self, namespace: str) -> None:
+        """Judge and store the namespace's waiting admissions, a batch at a time, until none."""
+        try:
+            while batch := self._waiting.pop(namespace, []):
+                async with self._locks[namespace]:
+                    await self._commit_batch(namespace, batch)
+        finally:
+            del self._committers[namespace]
+
+    async def _commit_batch(self, namespace: str, batch: list[_Ask]) -> None:
+        try:
             for _ in range(MAX_ATTEMPTS):
                 try:
-                    return await self._attempt(request, plan, config, limits)
+                    verdicts = await self._judge_and_store(namespace, batch)
                 except Conflict:
                     if self.metrics is not None:
                         self.metrics.record_conflicts.inc()
                     self._records.pop(namespace, None)
-        return QuotaVerdict(
-            False, f'the quota record of namespace "{namespace}" is busy; retry the request'
-        )
+                    continue
+                for ask, verdict in zip(batch, verdicts, strict=True):
+                    ask.verdict.set_result(verdict)
+                return
+            busy = f'the quota record of namespace "{namespace}" is busy; retry the request'
+            for ask in batch:
+                ask.verdict.set_result(QuotaVerdict(False, busy))
+        except Exception as error:  # each waiting request fails as it would have alone
+            for ask in batch:
+                if not ask.verdict.done():
+                    ask.verdict.set_exception(error)
 
-    async def _attempt(
-        self,
-        request: AdmissionRequest,
-        plan: Plan,
-        config: ConfigSnapshot,
-        limits: Mapping[str, Fraction],
-    ) -> QuotaVerdict:
-        assert plan.class_name is not None
-        namespace = request.namespace
+    async def _judge_and_store(self, namespace: str, batch: list[_Ask]) -> list[QuotaVerdict]:
+        """Judge each admission in order against the record and those before it; store once."""
         record = self._records.get(namespace) or await self.store.read(namespace)
-        key = _reservation_key(request)
         now = self.clock()
         kept = self._unexpired(record, now)
-        in_use = self._in_use(namespace, {uid: r for uid, r in kept.items() if uid != key})
-        verdict = judge(
-            namespace=namespace,
-            class_name=plan.class_name,
-            requested=plan.charge,
-            in_use=in_use,
-            limits=limits,
-            mode=config.quotas.mode,
-        )
-        if not verdict.allowed or request.dry_run:
-            return verdict
-        kept[key] = Reservation(plan.class_name, plan.charge, now, request.pod_name)
-        version = await self.store.write(namespace, kept, record.version)
-        self._records[namespace] = Record(kept, version)
-        return verdict
+        verdicts = []
+        reserved = False
+        for ask in batch:
+            class_name = ask.plan.class_name
+            assert class_name is not None
+            key = _reservation_key(ask.request)
+            in_use = self._in_use(namespace, {uid: r for uid, r in kept.items() if uid != key})
+            verdict = judge(
+                namespace=namespace,
+                class_name=class_name,
+                requested=ask.plan.charge,
+                in_use=in_use,
+                limits=ask.limits,
+                mode=ask.config.quotas.mode,
+            )
+            verdicts.append(verdict)
+            if verdict.allowed and not ask.request.dry_run:
+                kept[key] = Reservation(class_name, ask.plan.charge, now, ask.request.pod_name)
+                reserved = True
+        if reserved:
+            version = await self.store.write(namespace, kept, record.version)
+            self._records[namespace] = Record(kept, version)
+        return verdicts
 
     def in_use(self, namespace: str) -> dict[str, Fraction]:
         """Return what a namespace holds now, pods and cached reservations together."""
