@@ -13,9 +13,9 @@ help:
 	@echo "make test         lint, then every test, end-to-end suite included (builds the control plane once)"
 	@echo "make test-fast    the tests that need no control plane"
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
-	@echo "make controlplane build kube-apiserver and etcd for the end-to-end suite (cached)"
+	@echo "make controlplane build kube-apiserver, kube-scheduler and etcd for the e2e suite (cached)"
 	@echo "make tools        build kustomize and helm, to render deploy/ in the tests (cached)"
-	@echo "make dev-cluster  a local apiserver + etcd + gpuadm to try by hand"
+	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes and gpuadm to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
 
 $(STAMP): pyproject.toml

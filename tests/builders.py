@@ -38,7 +38,7 @@ classes:
     backend: time-slicing
     # The form from before `models`: a nodeSelector on GPU Feature Discovery's label.
     nodeSelector:
-      nvidia.com/gpu.product: [NVIDIA-L4-SHARED]
+      nvidia.com/gpu.product: [NVIDIA-L4]
     tolerations:
       - {key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}
   a10:

@@ -1,15 +1,18 @@
-"""A throwaway Kubernetes control plane (etcd + kube-apiserver) for tests.
+"""A throwaway Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) for tests.
 
 This plays the role controller-runtime's envtest plays for Go projects: the
-real kube-apiserver and etcd binaries, built from their published Go modules
-by ``controlplane/build.sh``, run as local processes on free loopback ports.
-There is no kube-controller-manager, scheduler or kubelet, so pods are stored
-and admitted but stay ``Pending`` forever -- enough for admission tests.
+real kube-apiserver, kube-scheduler and etcd binaries, built from their
+published Go modules by ``controlplane/build.sh``, run as local processes on
+free loopback ports. The scheduler runs only once ``start_scheduler()`` is
+called. There is no kube-controller-manager or kubelet: pods are stored and
+admitted, and with the scheduler and nodes created through the API they are
+bound to a node (``spec.nodeName``), but they never run and stay ``Pending``.
 
 Typical use::
 
     with ControlPlane() as cp:
         core = kubernetes.client.CoreV1Api(cp.api_client())
+        cp.start_scheduler(["default-scheduler"])
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ ADMIN_GROUP = "system:masters"
 LOG_TAIL_LINES = 40
 STOP_GRACE_SECONDS = 5.0
 POLL_INTERVAL_SECONDS = 0.25
+# Every process the control plane may run, in the order stop() ends them.
+PROCESSES = ("kube-scheduler", "kube-apiserver", "etcd")
 PR_SET_PDEATHSIG = 1
 # Resolved now, not in the forked child, where loading a library could block
 # on a lock some other thread of this process held at fork time.
@@ -60,7 +65,7 @@ class ControlPlaneError(RuntimeError):
 
 
 def ensure_binaries() -> Path:
-    """Build kube-apiserver and etcd if needed and return their directory.
+    """Build kube-apiserver, kube-scheduler and etcd if needed and return their directory.
 
     ``build.sh`` does nothing when the binaries are already cached, so this is
     cheap after the first run. Its progress is echoed to stderr as it happens
@@ -100,9 +105,10 @@ def _echo_and_keep_tail(stream: IO[str]) -> collections.deque[str]:
 class ControlPlane:
     """An etcd plus kube-apiserver pair with an admin token, on loopback only.
 
-    Use it as a context manager, or call ``start()`` and ``stop()``. All state
-    (etcd data, certificates, keys, kubeconfig and process logs) lives in one
-    temporary directory that ``stop()`` removes.
+    Use it as a context manager, or call ``start()`` and ``stop()``;
+    ``start_scheduler()`` adds a kube-scheduler. All state (etcd data,
+    certificates, keys, kubeconfig, scheduler config and process logs) lives in
+    one temporary directory that ``stop()`` removes.
     """
 
     def __init__(
@@ -150,8 +156,16 @@ class ControlPlane:
         return self.workdir / "kubeconfig"
 
     def log_path(self, name: str) -> Path:
-        """Return the combined stdout/stderr log file of ``etcd`` or ``kube-apiserver``."""
+        """Return the combined stdout/stderr log file of one of ``PROCESSES``."""
         return self.workdir / f"{name}.log"
+
+    def log_tail(self, name: str) -> str:
+        """Return the last lines of a process's log under a heading, or "" if it has none."""
+        path = self.log_path(name)
+        if not path.exists():
+            return ""
+        lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+        return f"--- last lines of {path} ---\n" + "\n".join(lines)
 
     def api_client(self) -> kubernetes.client.ApiClient:
         """Return an official Kubernetes ``ApiClient`` authenticated as admin."""
@@ -180,22 +194,54 @@ class ControlPlane:
         """
         if self._processes:
             raise ControlPlaneError("the control plane is already started")
-        bin_dir = self._bin_dir or ensure_binaries()
+        self._bin_dir = self._bin_dir or ensure_binaries()
         self._workdir = Path(tempfile.mkdtemp(prefix="gpuadm-controlplane-"))
         try:
-            self._start_processes(bin_dir)
+            self._start_processes(self._bin_dir)
         except BaseException:
             self.stop()
             raise
         return self
 
+    def start_scheduler(self, scheduler_names: Sequence[str]) -> None:
+        """Start kube-scheduler with one profile per name in ``scheduler_names``.
+
+        A pod is placed by the profile its ``spec.schedulerName`` names, so
+        one process stands in for every scheduler the names stand for. It has
+        no HTTP endpoint to ask whether it is ready (``--secure-port=0``):
+        callers wait for what it does to a pod, a binding or a
+        ``FailedScheduling`` condition, with a bounded wait.
+        """
+        if "kube-scheduler" in self._processes:
+            raise ControlPlaneError("the scheduler is already started")
+        if self._bin_dir is None or not self._processes:
+            raise ControlPlaneError("the control plane is not started")
+        config = self.workdir / "kube-scheduler.yaml"
+        config.write_text(yaml.safe_dump(self._scheduler_config(scheduler_names)))
+        self._spawn(
+            "kube-scheduler",
+            [
+                str(self._bin_dir / "kube-scheduler"),
+                f"--config={config}",
+                # Nothing probes or scrapes it; with 0 it opens no port at all.
+                "--secure-port=0",
+            ],
+        )
+
+    def stop_scheduler(self) -> None:
+        """Stop kube-scheduler if it runs; its log stays until ``stop()``."""
+        process = self._processes.pop("kube-scheduler", None)
+        if process is not None:
+            _terminate(process)
+
     def stop(self) -> None:
-        """Stop both processes (SIGTERM, then SIGKILL) and delete the temp dir.
+        """Stop every process (SIGTERM, then SIGKILL) and delete the temp dir.
 
         Safe to call more than once and on a partly started control plane.
         """
-        # The apiserver goes first so it does not log a burst of etcd errors.
-        for name in ("kube-apiserver", "etcd"):
+        # Clients of the apiserver go before it, and the apiserver before etcd,
+        # so that none of them logs a burst of errors about the one below.
+        for name in PROCESSES:
             process = self._processes.pop(name, None)
             if process is not None:
                 _terminate(process)
@@ -315,13 +361,7 @@ class ControlPlane:
         return f"\n--- {self.url}/readyz?verbose ---\n{body}" if body else ""
 
     def _log_tails(self) -> str:
-        sections = []
-        for name in ("etcd", "kube-apiserver"):
-            path = self.log_path(name)
-            if path.exists():
-                lines = path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
-                sections.append(f"--- last lines of {path} ---\n" + "\n".join(lines))
-        return "\n".join(sections)
+        return "\n".join(filter(None, (self.log_tail(name) for name in reversed(PROCESSES))))
 
     def _ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.ca_file))
@@ -346,6 +386,17 @@ class ControlPlane:
         # Format: token,user,uid,"group1,group2"
         line = f'{self.token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n'
         _write_private(self.workdir / "tokens.csv", line.encode())
+
+    def _scheduler_config(self, scheduler_names: Sequence[str]) -> dict[str, object]:
+        return {
+            "apiVersion": "kubescheduler.config.k8s.io/v1",
+            "kind": "KubeSchedulerConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig_path)},
+            # A single replica: there is nobody to take over from, and electing
+            # itself would only delay the first placement.
+            "leaderElection": {"leaderElect": False},
+            "profiles": [{"schedulerName": name} for name in scheduler_names],
+        }
 
     def _write_kubeconfig(self) -> None:
         name = "gpuadm-e2e"

@@ -4,10 +4,11 @@ Usage::
 
     python -m tests.e2e.dev_cluster [--kubeconfig PATH]
 
-Starts the same etcd and kube-apiserver the end-to-end tests use, and one
-gpuadm registered with the webhook configurations from deploy/base and the
-example policy and quotas; prints how to reach them, and stops everything
-cleanly on Ctrl-C or SIGTERM.
+Starts the same etcd, kube-apiserver and kube-scheduler the end-to-end tests
+use, fake GPU nodes for the classes of the example policy, and one gpuadm
+registered with the webhook configurations from deploy/base and the example
+policy and quotas; prints how to reach them, and stops everything cleanly on
+Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -26,13 +27,15 @@ import kubernetes.client
 from tests.e2e.cluster import ControlPlane, ControlPlaneError
 from tests.e2e.gpuadm import (
     NAMESPACE,
-    ROOT,
+    SCHEDULER_NAMES,
     GpuadmProcess,
     make_tls,
     put_configmap,
     register_webhooks,
     wait_until,
 )
+from tests.e2e.nodes import EXAMPLE_POOLS, create_pools
+from tests.support import ROOT
 
 HEALTH_CHECK_SECONDS = 1.0
 
@@ -52,7 +55,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def usage_hint(plane: ControlPlane, kubeconfig: Path) -> str:
+def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str]) -> str:
     """Describe how to reach the running control plane, with and without kubectl."""
     quoted = shlex.quote(str(kubeconfig))
     curl = (
@@ -65,10 +68,13 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path) -> str:
     )
     return "\n".join(
         [
-            "Control plane is ready (no controller-manager, scheduler or kubelet).",
+            "Control plane is ready. There is no controller-manager or kubelet: the scheduler",
+            "binds pods to the fake nodes, and there they stay Pending.",
             f"  API server:  {plane.url}",
             f"  kubeconfig:  {kubeconfig}",
+            f"  nodes:       {' '.join(nodes)}",
             f"  logs:        {plane.log_path('kube-apiserver')}",
+            f"               {plane.log_path('kube-scheduler')}",
             f"               {plane.log_path('etcd')}",
             "",
             f"  export KUBECONFIG={quoted}",
@@ -79,8 +85,10 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path) -> str:
             "",
             "gpuadm serves the example policy and quotas (ConfigMaps gpuadm-policy and",
             f"gpuadm-quotas in namespace {NAMESPACE}); try, with kubectl:",
+            "  kubectl get nodes -L nvidia.com/gpu.product",
             "  kubectl create namespace team-a",
             "  kubectl create -f examples/pods/a100-half.yaml",
+            "  kubectl get pod notebook -n team-a -o wide",
             "  kubectl get pod notebook -n team-a -o yaml",
             "",
             "Press Ctrl-C to stop.",
@@ -116,9 +124,16 @@ def start_gpuadm(plane: ControlPlane) -> GpuadmProcess:
     return gpuadm
 
 
-def serve(plane: ControlPlane, kubeconfig: Path, gpuadm: GpuadmProcess) -> None:
+def start_scheduling(plane: ControlPlane) -> list[str]:
+    """Start kube-scheduler and make the example policy's nodes; return the nodes' names."""
+    plane.start_scheduler(SCHEDULER_NAMES)
+    with plane.api_client() as api:
+        return create_pools(kubernetes.client.CoreV1Api(api), EXAMPLE_POOLS)
+
+
+def serve(plane: ControlPlane, kubeconfig: Path, gpuadm: GpuadmProcess, nodes: list[str]) -> None:
     """Print the usage hint, then block until interrupted or a process dies."""
-    print(usage_hint(plane, kubeconfig), flush=True)
+    print(usage_hint(plane, kubeconfig, nodes), flush=True)
     try:
         while True:
             plane.raise_if_exited()
@@ -141,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 kubeconfig = Path(shutil.copy(plane.kubeconfig_path, args.kubeconfig))
             gpuadm = start_gpuadm(plane)
             try:
-                serve(plane, kubeconfig, gpuadm)
+                serve(plane, kubeconfig, gpuadm, start_scheduling(plane))
             finally:
                 gpuadm.stop()
                 if args.kubeconfig is not None:

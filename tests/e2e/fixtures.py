@@ -1,10 +1,11 @@
-"""gpuadm-specific fixtures of the end-to-end suite: three replicas behind one address."""
+"""gpuadm-specific fixtures of the end-to-end suite: three replicas behind one address, and
+the scheduler that places what they admit."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,14 +18,17 @@ from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import (
     NAMESPACE,
+    SCHEDULER_NAMES,
     Balancer,
     GpuadmProcess,
     make_tls,
     put_configmap,
     register_webhooks,
+    wait_for_policy,
     wait_for_quotas,
     wait_until,
 )
+from tests.e2e.scheduling import Scheduler
 
 IMAGE = "registry.invalid/app:1"  # never pulled: there is no kubelet
 
@@ -50,6 +54,11 @@ class Deployment:
         self.balancer.route_to([p.port for p in chosen])
         return chosen
 
+    def set_policy(self, text: str) -> None:
+        """Replace the policy ConfigMap and wait until every replica has it in force."""
+        put_configmap(self.core, "gpuadm-policy", "policy.yaml", text)
+        wait_for_policy(self.processes, text)
+
     def set_quotas(self, text: str) -> None:
         """Replace the quota ConfigMap and wait until every replica has it in force."""
         put_configmap(self.core, "gpuadm-quotas", "quotas.yaml", text)
@@ -67,9 +76,10 @@ class Deployment:
         name: str | None = None,
         dry_run: bool = False,
         annotations: dict[str, str] | None = None,
+        spec: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """Create a pod; return the pod the apiserver stored (or would store)."""
-        body = pod_body(limits, name=name, annotations=annotations)
+        body = pod_body(limits, name=name, annotations=annotations, spec=spec)
         response = self.core.create_namespaced_pod(
             namespace, body, dry_run="All" if dry_run else None, _preload_content=False
         )
@@ -89,16 +99,18 @@ def pod_body(
     *,
     name: str | None = None,
     annotations: dict[str, str] | None = None,
+    spec: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Return a one-container pod asking for `limits`."""
+    """Return a one-container pod asking for `limits`, with any other `spec` fields."""
     metadata: dict[str, Any] = {"name": name} if name else {"generateName": "gpu-"}
     if annotations:
         metadata["annotations"] = annotations
+    container = {"name": "main", "image": IMAGE, "resources": {"limits": limits}}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": metadata,
-        "spec": {"containers": [{"name": "main", "image": IMAGE, "resources": {"limits": limits}}]},
+        "spec": {"containers": [container], **(spec or {})},
     }
 
 
@@ -137,3 +149,18 @@ def gpuadm(
         balancer.stop()
         for process in processes:
             process.stop()
+
+
+@pytest.fixture(scope="session")
+def scheduler(
+    control_plane: ControlPlane, core_v1: kubernetes.client.CoreV1Api
+) -> Iterator[Scheduler]:
+    """Run kube-scheduler for the rest of the session, serving every backend's scheduler name.
+
+    Without nodes it places nothing; tests that need placements create their nodes.
+    """
+    control_plane.start_scheduler(SCHEDULER_NAMES)
+    try:
+        yield Scheduler(control_plane, core_v1)
+    finally:
+        control_plane.stop_scheduler()

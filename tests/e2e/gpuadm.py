@@ -30,6 +30,8 @@ from webhook.config.snapshot import revision_of
 
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
+# Every scheduler a backend sends pods to; one kube-scheduler serves them all as profiles.
+SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano")
 
 
 def make_tls(directory: Path) -> TLSPaths:
@@ -255,13 +257,22 @@ def put_configmap(core: kubernetes.client.CoreV1Api, name: str, key: str, text: 
         core.create_namespaced_config_map(NAMESPACE, body)
 
 
+def wait_for_policy(processes: list[GpuadmProcess], policy_text: str) -> None:
+    """Wait until every process has the given policy in force."""
+    _wait_for_revision(processes, "policy", policy_text)
+
+
 def wait_for_quotas(processes: list[GpuadmProcess], quotas_text: str) -> None:
     """Wait until every process has the given quotas in force."""
-    revision = revision_of(quotas_text)
+    _wait_for_revision(processes, "quotas", quotas_text)
+
+
+def _wait_for_revision(processes: list[GpuadmProcess], config: str, text: str) -> None:
+    revision = revision_of(text)
     for process in processes:
         wait_until(
-            lambda p=process: p.metric("gpuadm_config_revision_info", quotas=revision) == 1,
-            f"quotas {revision} in force on port {process.port}",
+            lambda p=process: p.metric("gpuadm_config_revision_info", **{config: revision}) == 1,
+            f"{config} {revision} in force on port {process.port}",
             process.log_tail,
         )
 

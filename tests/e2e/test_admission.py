@@ -103,8 +103,9 @@ def test_the_stored_pod_is_rewritten_for_its_backend(
 
 def test_hami_pods_get_their_gpu_types(gpuadm: Deployment, namespace: str) -> None:
     pod = gpuadm.create_pod(namespace, {"gpuadm.io/a100": "1"})
+    # The spelling HAMi registers devices under: the driver's names, not GFD's labels.
     assert pod["metadata"]["annotations"]["nvidia.com/use-gputype"] == (
-        "NVIDIA-A100-SXM4-80GB,NVIDIA-A100-80GB-PCIe"
+        "NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
     )
 
 

@@ -49,7 +49,7 @@ def test_apiserver_reports_pinned_version(api_client: kubernetes.client.ApiClien
 def test_pod_is_stored_and_stays_pending(
     core_v1: kubernetes.client.CoreV1Api, namespace: str
 ) -> None:
-    """A pod is admitted and stored, and with no scheduler it stays Pending."""
+    """A pod is admitted and stored; with no node to go to, it stays Pending."""
     core_v1.create_namespaced_pod(namespace, make_pod("pending"))
 
     pod = core_v1.read_namespaced_pod("pending", namespace).to_dict()
@@ -83,7 +83,7 @@ def test_deleting_pod_removes_it(core_v1: kubernetes.client.CoreV1Api, namespace
 def test_kubeconfig_authenticates_as_admin(control_plane: ControlPlane, namespace: str) -> None:
     """The written kubeconfig works with the official client's loader."""
     kubeconfig = str(control_plane.kubeconfig_path)
-    with kubernetes.config.new_client_from_config(config_file=kubeconfig) as client:  # type: ignore[no-untyped-call]
+    with kubernetes.config.new_client_from_config(config_file=kubeconfig) as client:
         core_v1 = kubernetes.client.CoreV1Api(client)
         core_v1.read_namespace(namespace)
 

@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
@@ -20,8 +21,8 @@ from kubernetes.client.exceptions import ApiException
 
 from certs import verify_chain
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.gpuadm import ROOT, shipped_webhook_configurations
-from tests.support import free_port, spawn_serve, wait_until_listening
+from tests.e2e.gpuadm import shipped_webhook_configurations
+from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
 from webhook.kube.client import Kube
 from webhook.tls.keeper import TLSKeeper, TLSTarget
 
@@ -150,7 +151,7 @@ def test_only_gpuadms_own_webhook_configurations_are_touched(
     tmp_path: Path,
 ) -> None:
     admission = kubernetes.client.AdmissionregistrationV1Api(api_client)
-    bystander = {
+    bystander: dict[str, Any] = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingWebhookConfiguration",
         "metadata": {"name": f"bystander-{target.namespace}"},

@@ -422,7 +422,7 @@ def test_time_slicing_models_follow_gfd_sharing_suffix(resource: str, product: s
 def test_the_old_node_selector_form_still_places_pods() -> None:
     policy = load_policy(POLICY_YAML)
     mutated, _ = mutated_pod(policy, "l4")
-    assert required_terms(mutated) == [{"matchExpressions": [product_in("NVIDIA-L4-SHARED")]}]
+    assert required_terms(mutated) == [{"matchExpressions": [product_in("NVIDIA-L4")]}]
 
 
 # --- what the policy accepts ---------------------------------------------------------------------
