@@ -34,6 +34,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import IO
@@ -42,6 +43,8 @@ import kubernetes.client
 import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
+
+from tests.certs.factory import make_ca, make_client
 
 __all__ = ["ControlPlane", "ControlPlaneError", "ensure_binaries"]
 
@@ -149,6 +152,22 @@ class ControlPlane:
         ``apiserver.crt``, so that file works as the trust bundle.
         """
         return self.workdir / "apiserver-certs" / "apiserver.crt"
+
+    @property
+    def webhook_client_ca_file(self) -> Path:
+        """The CA of the client certificate the apiserver presents to every webhook.
+
+        A webhook started with it as its client CA (gpuadm's ``--client-ca-file``) answers
+        the apiserver and nobody else; ``webhook_client_files`` is the same certificate,
+        for a test that must call such a webhook directly.
+        """
+        return self.workdir / "webhook-client" / "ca.crt"
+
+    @property
+    def webhook_client_files(self) -> tuple[Path, Path]:
+        """The apiserver's webhook client certificate and key."""
+        directory = self.workdir / "webhook-client"
+        return directory / "client.crt", directory / "client.key"
 
     @property
     def kubeconfig_path(self) -> Path:
@@ -270,6 +289,7 @@ class ControlPlane:
         self._wait_until("etcd", lambda: _probe(f"{etcd_url}/health", None)[0] == 200)
         self._write_service_account_key()
         self._write_token_file()
+        self._write_webhook_admission_config()
         self._spawn("kube-apiserver", self._apiserver_command(bin_dir, etcd_url, apiserver_port))
         self._wait_until("kube-apiserver", self._apiserver_ready)
         self._write_kubeconfig()
@@ -317,6 +337,7 @@ class ControlPlane:
             # that does not name an existing one.
             "--disable-admission-plugins=ServiceAccount",
             "--allow-privileged=true",
+            f"--admission-control-config-file={self.workdir / 'admission.yaml'}",
             *self._extra_apiserver_args,
         ]
 
@@ -381,6 +402,46 @@ class ControlPlane:
         )
         _write_private(self.workdir / "sa.key", private_pem)
         _write_private(self.workdir / "sa.pub", public_pem)
+
+    def _write_webhook_admission_config(self) -> None:
+        """Make the apiserver present a client certificate to every webhook it calls."""
+        directory = self.workdir / "webhook-client"
+        directory.mkdir()
+        ca = make_ca(now=datetime.now(UTC))
+        client = make_client(ca, "kube-apiserver")
+        _write_private(self.webhook_client_ca_file, ca.cert_pem)
+        cert_file, key_file = self.webhook_client_files
+        _write_private(cert_file, client.cert_pem)
+        _write_private(key_file, client.key_pem)
+        kubeconfig = directory / "kubeconfig"
+        # The user named "*" is the default for every webhook, by Service name or URL.
+        users = [
+            {
+                "name": "*",
+                "user": {"client-certificate": str(cert_file), "client-key": str(key_file)},
+            }
+        ]
+        _write_private(
+            kubeconfig,
+            yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "users": users}).encode(),
+        )
+        plugins = [
+            {
+                "name": plugin,
+                "configuration": {
+                    "apiVersion": "apiserver.config.k8s.io/v1",
+                    "kind": "WebhookAdmissionConfiguration",
+                    "kubeConfigFile": str(kubeconfig),
+                },
+            }
+            for plugin in ("ValidatingAdmissionWebhook", "MutatingAdmissionWebhook")
+        ]
+        config = {
+            "apiVersion": "apiserver.config.k8s.io/v1",
+            "kind": "AdmissionConfiguration",
+            "plugins": plugins,
+        }
+        _write_private(self.workdir / "admission.yaml", yaml.safe_dump(config).encode())
 
     def _write_token_file(self) -> None:
         # Format: token,user,uid,"group1,group2"

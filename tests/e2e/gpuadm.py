@@ -66,6 +66,9 @@ class GpuadmProcess:
                 str(self._tls.cert_file),
                 "--key-file",
                 str(self._tls.key_file),
+                # Reviews from the apiserver only, as docs/deploy.md sets it up.
+                "--client-ca-file",
+                str(self._plane.webhook_client_ca_file),
                 log=log,
             )
         wait_until_listening(self.process, self.port, self.log_tail)

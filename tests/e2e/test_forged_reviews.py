@@ -1,8 +1,9 @@
 """Forged reviews for made-up namespaces leave nothing behind: no record, no metric series.
 
-Anyone who can reach gpuadm without a client certificate (see `--client-ca-file`) can POST
-reviews. The apiserver never sends a pod create for a namespace that does not exist, so
-gpuadm asks before it judges, and writes nothing for such a namespace.
+The suite's replicas answer only the apiserver's client certificate; these reviews present
+it, as a forger would who got hold of it, or as anyone can where `--client-ca-file` is off.
+The apiserver never sends a pod create for a namespace that does not exist, so gpuadm asks
+before it judges, and writes nothing for such a namespace.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import jsonpatch
 
 from policies import load_policy, plan
 from tests.builders import POLICY_YAML, pod, review
+from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import Deployment
 from tests.e2e.gpuadm import NAMESPACE
 
@@ -52,13 +54,16 @@ async def _forge(port: int, context: ssl.SSLContext, count: int) -> list[dict[st
         return await asyncio.gather(*(one(index) for index in range(count)))
 
 
-def test_forged_reviews_for_made_up_namespaces_leave_nothing_behind(gpuadm: Deployment) -> None:
+def test_forged_reviews_for_made_up_namespaces_leave_nothing_behind(
+    gpuadm: Deployment, control_plane: ControlPlane
+) -> None:
     # A default limit, so that every namespace's pods are judged and would be reserved.
     gpuadm.set_quotas("default: {h100: 1}\n")
     try:
         target = gpuadm.processes[0]
         lines_before = len(target.metrics().splitlines())
         context = ssl.create_default_context(cafile=gpuadm.ca_file)
+        context.load_cert_chain(*control_plane.webhook_client_files)
         answers = asyncio.run(_forge(target.port, context, FORGED_NAMESPACES))
     finally:
         gpuadm.set_quotas("")
