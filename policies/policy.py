@@ -84,6 +84,27 @@ class _Lookup:
     kinds: dict[str, ResourceKind] = field(default_factory=dict)
 
 
+class Guard(Model):
+    """The rules that keep GPU access inside a pod's resources (`policies.guard`).
+
+    Each is on unless the policy switches it off, for a cluster whose GPU stack or workloads
+    need that way in (docs/configuration.md says what each one denies).
+    """
+
+    # NVIDIA_VISIBLE_DEVICES other than void or none, in any container.
+    visible_devices_env: bool = True
+    # For hami and volcano classes, the variables that switch HAMi-core's limits off.
+    isolation_switches: bool = True
+    # A hostPath volume under /dev/nvidia.
+    dev_host_path: bool = True
+    # A privileged container in a pod with GPU demand.
+    privileged_gpu_containers: bool = True
+
+    def switch(self, rule: str) -> str:
+        """Return the policy key that switches a rule off, e.g. `guard.devHostPath`."""
+        return f"guard.{type(self).model_fields[rule].alias}"
+
+
 class Policy(Model):
     """The whole `policy.yaml`."""
 
@@ -91,6 +112,7 @@ class Policy(Model):
     default_class: str | None = None
     exempt_namespaces: list[str] = Field(default_factory=list)
     classes: dict[str, GpuClass]
+    guard: Guard = Field(default_factory=Guard)
 
     @field_validator("domain")
     @classmethod
@@ -202,9 +224,13 @@ class Policy(Model):
 
 
 def _gputype_table(classes: Mapping[str, ClassBase]) -> dict[str, dict[str, str]]:
-    """Return the use-gputype and nouse-gputype annotations of each HAMi and Volcano class."""
+    """Return the annotations each class writes on its pods, by class name.
+
+    HAMi and Volcano classes get use-gputype and nouse-gputype; a declared backend
+    (`extended` and its presets) gets the annotations it names.
+    """
     listed = [ClassModel(name, model) for name, c in classes.items() for model in c.models or ()]
-    table = {}
+    table = {name: dict(c.pod_annotations()) for name, c in classes.items() if c.pod_annotations()}
     for name, gpu_class in classes.items():
         if not isinstance(gpu_class, VirtualGpuClass):
             continue

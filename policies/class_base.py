@@ -1,0 +1,207 @@
+"""What every GPU class has, whatever its backend, and the config types the classes share.
+
+`policies.classes` and `policies.extended` build their backends on `ClassBase`; the union of
+all backends is in `policies.classes`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from fractions import Fraction
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from policies.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.errors import Denial
+from policies.models import GFD_PRODUCT_LABEL, gfd_product
+from policies.quantity import QuantityError, format_bytes, parse_quantity
+
+
+def _bytes(value: object) -> Fraction:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as error:
+        raise ValueError(str(error)) from None
+    if amount <= 0:
+        raise ValueError(f"{value!r} must be a positive amount of memory such as 16Gi")
+    return amount
+
+
+Bytes = Annotated[Fraction, BeforeValidator(_bytes), PlainSerializer(format_bytes)]
+ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
+# A Kubernetes label value: the GPU Feature Discovery spelling of a model must be one.
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def _gpu_name(name: str) -> str:
+    # The stacks read comma-separated lists of these names, and match them as substrings.
+    if not name or name != name.strip() or "," in name:
+        raise ValueError(
+            f"{name!r} is not a GPU name: write it as the driver reports it, e.g. "
+            "`NVIDIA A100-SXM4-80GB`, without commas or surrounding spaces"
+        )
+    return name
+
+
+GpuName = Annotated[str, AfterValidator(_gpu_name)]
+
+
+class Model(BaseModel):
+    """Strict, immutable, camelCase on the wire: a typo in the config is an error, not a no-op."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class Toleration(Model):
+    """A toleration added to every pod of the class (the fields of a core/v1 Toleration)."""
+
+    key: str | None = None
+    operator: Literal["Exists", "Equal"] | None = None
+    value: str | None = None
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = None
+
+    def as_pod_field(self) -> dict[str, Any]:
+        """Return the toleration as it appears in a pod spec."""
+        return self.model_dump(by_alias=True, exclude_none=True)
+
+
+class ClassBase(Model):
+    """What every class has, whatever its backend."""
+
+    uses_memory: ClassVar[bool] = True
+    default_scheduler: ClassVar[str | None] = None
+
+    memory: Bytes | None = None
+    models: list[GpuName] | None = None
+    node_selector: dict[str, list[str]] = Field(default_factory=dict)
+    scheduler_name: str | None = None
+    tolerations: list[Toleration] = Field(default_factory=list)
+    shareable: bool = True
+
+    @model_validator(mode="after")
+    def _memory_when_needed(self) -> ClassBase:
+        if self.uses_memory and self.shareable and self.memory is None:
+            raise ValueError(
+                f"backend {self.backend_name()} needs `memory` (the memory of one GPU, e.g. "
+                "16Gi) to size shares; set it, or set `shareable: false`"
+            )
+        for key, values in self.node_selector.items():
+            if not values:
+                raise ValueError(f"nodeSelector {key!r} lists no values")
+        return self
+
+    @model_validator(mode="after")
+    def _models_valid(self) -> ClassBase:
+        if self.models is None:
+            return self
+        if not self.models:
+            raise ValueError("`models` lists no GPU model; list them, or remove the key")
+        if len(set(self.models)) != len(self.models):
+            raise ValueError(f"`models` lists a model twice: {', '.join(self.models)}")
+        for model, product in zip(self.models, self.gfd_products(), strict=False):
+            if len(product) > 63 or not LABEL_VALUE.match(product):
+                raise ValueError(
+                    f"model {model!r} would be labelled {GFD_PRODUCT_LABEL}={product}, which "
+                    "is not a valid label value, so no node carries it; name the nodes with "
+                    f"`nodeSelector: {{{GFD_PRODUCT_LABEL}: [...]}}` instead"
+                )
+        return self
+
+    @classmethod
+    def backend_name(cls) -> str:
+        """Return the name of the backend as written in the policy."""
+        field = cls.model_fields["backend"]
+        return str(field.default)
+
+    @property
+    def scheduler(self) -> str | None:
+        """Return the scheduler the class's pods must use, or None for 'whatever they name'."""
+        return self.scheduler_name or self.default_scheduler
+
+    def owns(self, resource: str) -> bool:
+        """Tell whether a raw resource name belongs to this class's backend."""
+        return resource in self.resource_names()
+
+    def resource_names(self) -> frozenset[str]:
+        """Return every extended resource this backend uses."""
+        raise NotImplementedError
+
+    def pod_annotations(self) -> Mapping[str, str]:
+        """Return the annotations the backend's declaration gives every pod of the class."""
+        return {}
+
+    def grant(self, ask: Ask) -> Grant:
+        """Turn an ask into this backend's resources, rounding only ever up."""
+        raise NotImplementedError
+
+    def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        """Return how many GPUs of the class the given raw resources of one container hold."""
+        raise NotImplementedError
+
+    def gfd_products(self) -> list[str]:
+        """Return the `nvidia.com/gpu.product` values GPU Feature Discovery gives `models`.
+
+        Empty when `nodeSelector` names that label itself: the admin's values are kept as
+        they are.
+        """
+        if not self.models or GFD_PRODUCT_LABEL in self.node_selector:
+            return []
+        return [gfd_product(model, shared=self._gfd_shared()) for model in self.models]
+
+    def _gfd_shared(self) -> bool:
+        return False
+
+    @cached_property
+    def node_expressions(self) -> list[dict[str, Any]]:
+        """Return `nodeSelector` and `models` as nodeSelectorRequirements, one per label."""
+        selector = dict(self.node_selector)
+        if products := self.gfd_products():
+            selector[GFD_PRODUCT_LABEL] = products
+        return [
+            {"key": key, "operator": "In", "values": list(values)}
+            for key, values in sorted(selector.items())
+        ]
+
+    @cached_property
+    def toleration_fields(self) -> list[dict[str, Any]]:
+        """Return the class's tolerations as they appear in a pod spec."""
+        return [toleration.as_pod_field() for toleration in self.tolerations]
+
+    def share_of(self, ask: Ask) -> Fraction:
+        """Return the number of GPUs the user asked for, before any rounding."""
+        if isinstance(ask, Whole):
+            return Fraction(ask.count)
+        if isinstance(ask, Share):
+            return ask.fraction
+        return ask.memory / self._memory()
+
+    def _memory(self) -> Fraction:
+        if self.memory is None:
+            raise Denial("asks for a share, but the class has no `memory` to size it with")
+        return self.memory
+
+    def _share_fraction(self, ask: Share | MemoryShare) -> Fraction:
+        if isinstance(ask, Share):
+            return ask.fraction
+        memory = self._memory()
+        if ask.memory > memory:
+            raise Denial(
+                f"asks for {format_bytes(ask.memory)} of GPU memory but one GPU of the class "
+                f"has {format_bytes(memory)}"
+            )
+        return ask.memory / memory
