@@ -5,6 +5,7 @@ Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes
 
 from policies.errors import Denial
 from policies.final import check_final, check_update, require_fixed_point
+from policies.guard import check_added_containers, check_guard
 from policies.loading import ConfigError, load_policy, load_quotas
 from policies.policy import Policy, policy_warnings
 from policies.quotas import QuotaConfig
@@ -16,7 +17,9 @@ __all__ = [
     "Plan",
     "Policy",
     "QuotaConfig",
+    "check_added_containers",
     "check_final",
+    "check_guard",
     "check_update",
     "load_policy",
     "load_quotas",

@@ -27,6 +27,10 @@ import pytest
 import yaml
 from cel_expr_python import cel
 
+from policies import Denial, check_guard, load_policy
+from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from tests.builders import POLICY_YAML
+
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "deploy" / "tools" / "install.sh"
 EXAMPLES = REPO / "examples"
@@ -406,7 +410,8 @@ def test_validating_webhook_fails_closed(rendered: Rendered) -> None:
     (webhook,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
     assert webhook["name"] == "validate.gpuadm.io"
     _check_common_webhook_settings(webhook, "/validate")
-    assert webhook["rules"] == [_pod_rule("CREATE", "UPDATE")]
+    ephemeral = {**_pod_rule("UPDATE"), "resources": ["pods/ephemeralcontainers"]}
+    assert webhook["rules"] == [_pod_rule("CREATE", "UPDATE"), ephemeral]
     assert webhook["failurePolicy"] == "Fail"
 
 
@@ -690,9 +695,13 @@ def test_helm_refuses_a_resource_name_that_would_break_the_cel(render: Render) -
 CEL_ENV = cel.NewEnv(variables={name: cel.Type.DYN for name in ("object", "oldObject", "request")})
 
 
-def sent_to_webhook(webhook: Obj, operation: str, new: Obj | None, old: Obj | None) -> bool:
+def sent_to_webhook(
+    webhook: Obj, operation: str, new: Obj | None, old: Obj | None, *, sub_resource: str = ""
+) -> bool:
     """Whether every matchCondition holds, as the apiserver decides whether to call."""
-    data = {"object": new, "oldObject": old, "request": {"operation": operation}}
+    # The apiserver leaves out a subResource that is empty: reading it is then an error.
+    request = {"operation": operation, **({"subResource": sub_resource} if sub_resource else {})}
+    data = {"object": new, "oldObject": old, "request": request}
     results = []
     for condition in webhook["matchConditions"]:
         value = CEL_ENV.compile(condition["expression"]).eval(data=data)
@@ -827,6 +836,191 @@ def test_match_conditions_survive_a_missing_object(webhooks: tuple[Obj, Obj]) ->
     mutating, validating = webhooks
     assert sent_to_webhook(mutating, "DELETE", None, GPU_POD) is False
     assert sent_to_webhook(validating, "UPDATE", None, None) is False
+
+
+# The guard (policies/guard.py) denies GPU access outside resources in pods of any kind, so
+# the webhooks must see every pod it would deny, and still no other pod.
+GUARD_POLICY = load_policy(POLICY_YAML)
+VISIBLE_ALL = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+
+
+def with_spec(base: Obj, **fields: Any) -> Obj:
+    """A copy of `base` with more (or other) spec fields."""
+    changed = copy.deepcopy(base)
+    changed["spec"].update(fields)
+    return changed
+
+
+def with_env(env: list[Obj]) -> Obj:
+    return {**container(limits={"cpu": "1"}), "name": "app", "env": env}
+
+
+def host_path(path: str) -> Obj:
+    return with_spec(CPU_ONLY, volumes=[{"name": "v", "hostPath": {"path": path}}])
+
+
+def denied_by_guard(body: Obj) -> bool:
+    try:
+        check_guard(body, GUARD_POLICY, None)
+    except Denial:
+        return True
+    return False
+
+
+GUARD_CREATE_CASES = [
+    pytest.param(pod(with_env(VISIBLE_ALL)), True, id="visible-devices-in-a-container"),
+    pytest.param(
+        pod(container(limits={"cpu": "1"}), init=(with_env(VISIBLE_ALL),)),
+        True,
+        id="visible-devices-in-an-init-container",
+    ),
+    pytest.param(
+        with_spec(CPU_ONLY, ephemeralContainers=[with_env(VISIBLE_ALL)]),
+        True,
+        id="visible-devices-in-an-ephemeral-container",
+    ),
+    pytest.param(
+        pod(with_env([{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": {}}}])),
+        True,
+        id="visible-devices-from-a-configmap",
+    ),
+    # Sent whatever the value: gpuadm, not the CEL, tells void from all.
+    pytest.param(
+        pod(with_env([{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}])), True, id="void"
+    ),
+    pytest.param(
+        pod(
+            with_env(
+                [
+                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+                    {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "all"},
+                    {"name": "nvidia_visible_devices", "value": "all"},
+                    {"name": "CUDA_DISABLE_CONTROL", "value": "true"},
+                ]
+            )
+        ),
+        False,
+        id="other-variables",
+    ),
+    pytest.param(pod(with_env([{"value": "all"}])), False, id="env-entry-without-a-name"),
+    pytest.param(
+        with_spec(
+            CPU_ONLY,
+            volumes=[{"name": "a", "emptyDir": {}}, {"name": "b", "configMap": {"name": "c"}}],
+        ),
+        False,
+        id="volumes-without-a-host-path",
+    ),
+    pytest.param(
+        with_spec(CPU_ONLY, volumes=[{"name": "v", "hostPath": {}}]),
+        False,
+        id="host-path-without-a-path",
+    ),
+    # Isolation switches and privilege matter in GPU pods only, which are sent anyway.
+    pytest.param(
+        pod({**container(limits={"cpu": "1"}), "securityContext": {"privileged": True}}),
+        False,
+        id="privileged-without-gpus",
+    ),
+    pytest.param(
+        with_spec(GPU_POD, containers=[{**GPU_POD["spec"]["containers"][0], "env": VISIBLE_ALL}]),
+        True,
+        id="gpu-pod-with-visible-devices",
+    ),
+]
+
+
+@pytest.mark.parametrize(("new", "expected"), GUARD_CREATE_CASES)
+def test_create_reaches_both_webhooks_for_gpu_access_outside_resources(
+    new: Obj, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    mutating, validating = webhooks
+    assert sent_to_webhook(mutating, "CREATE", new, None) is expected
+    assert sent_to_webhook(validating, "CREATE", new, None) is expected
+    if denied_by_guard(new):
+        assert expected
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param("/dev/nvidia0", True, id="a-gpu"),
+        pytest.param("/dev/nvidiactl", True, id="control-device"),
+        pytest.param("/dev/nvidia-uvm", True, id="uvm"),
+        pytest.param("/dev/nvidia-caps/nvidia-cap1", True, id="mig-capability"),
+        pytest.param("//dev//nvidia0", True, id="doubled-slashes"),
+        pytest.param("/dev/./nvidia0", True, id="dot-segment"),
+        pytest.param("/./dev/nvidia0/", True, id="leading-dot"),
+        pytest.param("dev/nvidia0", True, id="relative"),
+        pytest.param("/dev", False, id="dev"),
+        pytest.param("/dev/null", False, id="dev-null"),
+        pytest.param("/dev/nvme0n1", False, id="nvme"),
+        pytest.param("/devices/nvidia0", False, id="devices"),
+        pytest.param("/var/lib/nvidia", False, id="elsewhere"),
+        pytest.param("/home/dev/nvidia0", False, id="dev-deeper-down"),
+        pytest.param("/", False, id="root"),
+    ],
+)
+def test_host_paths_under_dev_nvidia_reach_both_webhooks(
+    path: str, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    body = host_path(path)
+    # The CEL and the guard agree on every spelling the apiserver accepts (it refuses `..`).
+    assert denied_by_guard(body) is expected
+    for webhook in webhooks:
+        assert sent_to_webhook(webhook, "CREATE", body, None) is expected
+
+
+def debugged(stored: Obj, *added: Obj) -> Obj:
+    """The pod after `kubectl debug` added ephemeral containers to it."""
+    return with_spec(
+        stored, ephemeralContainers=[*stored["spec"].get("ephemeralContainers", []), *added]
+    )
+
+
+@pytest.mark.parametrize(
+    ("stored", "added", "expected"),
+    [
+        pytest.param(CPU_ONLY, with_env(VISIBLE_ALL), True, id="visible-devices"),
+        pytest.param(
+            GPU_POD,
+            {"name": "debug", "image": "busybox", "securityContext": {"privileged": True}},
+            True,
+            id="any-container-in-a-gpu-pod",
+        ),
+        pytest.param(
+            CPU_ONLY,
+            {"name": "debug", "image": "busybox", "securityContext": {"privileged": True}},
+            False,
+            id="privileged-without-gpus",
+        ),
+        pytest.param(CPU_ONLY, {"name": "debug", "image": "busybox"}, False, id="plain-debug"),
+    ],
+)
+def test_ephemeral_containers_reach_the_validating_webhook_when_they_concern_gpuadm(
+    stored: Obj, added: Obj, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    _, validating = webhooks
+    new = debugged(stored, added)
+    sent = sent_to_webhook(validating, "UPDATE", new, stored, sub_resource="ephemeralcontainers")
+    assert sent is expected
+
+
+@pytest.mark.parametrize("key", DEVICE_CHOICE_ANNOTATIONS)
+def test_updates_of_device_choice_annotations_reach_the_validating_webhook(
+    key: str, webhooks: tuple[Obj, Obj]
+) -> None:
+    _, validating = webhooks
+    annotated = pod(container(), annotations={key: "NVIDIA-Tesla T4"})
+    plain = pod(container(), annotations={"team": "vision"})
+    assert sent_to_webhook(validating, "UPDATE", annotated, plain) is True  # added
+    assert sent_to_webhook(validating, "UPDATE", plain, annotated) is True  # removed
+    changed = pod(container(), annotations={key: "NVIDIA A10"})
+    assert sent_to_webhook(validating, "UPDATE", changed, annotated) is True
+    # As a label it chooses nothing, and a create without GPUs is left alone (docs/backends.md).
+    labelled = pod(container(), labels={key.replace("/", "-"): "x"})
+    assert sent_to_webhook(validating, "UPDATE", labelled, plain) is False
+    assert sent_to_webhook(validating, "CREATE", annotated, None) is False
 
 
 def test_helm_adds_extra_gpu_resources_to_both_webhooks(render: Render) -> None:

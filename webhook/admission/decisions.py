@@ -10,15 +10,23 @@ factory, to the config holder, the quota gate and the trusted user.
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies import Denial, Plan, check_update, require_fixed_point
+from policies import (
+    Denial,
+    Plan,
+    check_added_containers,
+    check_guard,
+    check_update,
+    require_fixed_point,
+)
 from policies.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
 from webhook.quota.gate import QuotaGate
 from webhook.reviews import responses
-from webhook.reviews.request import AdmissionRequest
+from webhook.reviews.request import LARGE_REVIEW_BYTES, AdmissionRequest
 
 Outcome = Literal["allowed", "mutated", "denied", "warned", "error"]
 # A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
@@ -77,6 +85,7 @@ async def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Dec
         return Decision("allowed", revisions=revisions)
     try:
         result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
+        await _guard_in_turn(request, config, result.class_name)
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
     outcome: Outcome = "mutated" if result.patch else "allowed"
@@ -109,6 +118,9 @@ async def validate_under(
         return Decision("allowed", revisions=revisions)
     try:
         planned = await config.plan_in_turn(request.object, request.namespace, size=request.size)
+        # Before the fixed-point check: a pod the guard denies would only be denied again
+        # after the retry that check asks for.
+        await _guard_in_turn(request, config, planned.class_name)
         result = require_fixed_point(planned)
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
@@ -131,14 +143,30 @@ def _validate_update(
     request: AdmissionRequest, config: ConfigSnapshot, *, trusted_user: str
 ) -> Decision:
     revisions = config.revisions
-    if trusted_user and request.user == trusted_user:
-        return Decision("allowed", revisions=revisions)
     assert request.old_object is not None  # decode_review guarantees it for UPDATE
     try:
-        check_update(request.old_object, request.object, config.policy)
+        # Whoever asks: gpuadm itself never adds ephemeral containers.
+        check_added_containers(request.old_object, request.object, config.policy)
+        if not (trusted_user and request.user == trusted_user):
+            check_update(request.old_object, request.object, config.policy)
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
     return Decision("allowed", revisions=revisions)
+
+
+async def _guard_in_turn(
+    request: AdmissionRequest, config: ConfigSnapshot, class_name: str | None
+) -> None:
+    """Apply the policy's guard rules beside the plan, not in it; raise `Denial`.
+
+    The plan memo is keyed by what `plan` reads, which leaves out the env, volumes and
+    security contexts the guard reads, so the guard runs on every review. Like planning, it is
+    linear in the pod: a large pod is checked in a worker thread to keep the event loop free.
+    """
+    if request.size < LARGE_REVIEW_BYTES:
+        check_guard(request.object, config.policy, class_name)
+    else:
+        await asyncio.to_thread(check_guard, request.object, config.policy, class_name)
 
 
 def _exempt(request: AdmissionRequest, config: ConfigSnapshot) -> bool:

@@ -59,35 +59,65 @@ apiserver at install time.
 {{- end }}
 
 {{/*
-CEL, true when any container or init container names a GPU resource in its limits or
-requests: a key under one of the prefixes, or one of the names. Built from gpuResources and
-policy.domain so that the list lives in values.yaml only.
+CEL, true when a pod concerns gpuadm: any container or init container names a GPU resource in
+its limits or requests (a key under one of the prefixes, or one of the names, built from
+gpuResources and policy.domain so that the list lives in values.yaml only), or the pod reaches
+GPUs another way that the policy's guard denies: NVIDIA_VISIBLE_DEVICES in any container, or a
+hostPath under /dev/nvidia however spelt (policies/guard.py).
 */}}
-{{- define "gpuadm.asksForGpus" -}}
+{{- define "gpuadm.concernsGpuadm" -}}
 {{- $prefixes := concat (list (printf "%s/" (include "gpuadm.domain" .))) .Values.gpuResources.prefixes .Values.gpuResources.extraPrefixes | uniq -}}
 {{- $names := concat .Values.gpuResources.names .Values.gpuResources.extraNames | uniq -}}
 object != null && has(object.spec) && (
-  (has(object.spec.containers) ? object.spec.containers : []) +
-  (has(object.spec.initContainers) ? object.spec.initContainers : [])
-).exists(c, has(c.resources) && (
-  (has(c.resources.limits) ? c.resources.limits.map(k, k) : []) +
-  (has(c.resources.requests) ? c.resources.requests.map(k, k) : [])
-).exists(k,
+  (
+    (has(object.spec.containers) ? object.spec.containers : []) +
+    (has(object.spec.initContainers) ? object.spec.initContainers : [])
+  ).exists(c, has(c.resources) && (
+    (has(c.resources.limits) ? c.resources.limits.map(k, k) : []) +
+    (has(c.resources.requests) ? c.resources.requests.map(k, k) : [])
+  ).exists(k,
 {{- range $prefixes }}
-  k.startsWith({{ include "gpuadm.celResourceName" . }}) ||
+    k.startsWith({{ include "gpuadm.celResourceName" . }}) ||
 {{- end }}
-  k in [
+    k in [
 {{- range $i, $name := $names }}
-    {{ include "gpuadm.celResourceName" $name }}{{ if lt $i (sub (len $names) 1) }},{{ end }}
+      {{ include "gpuadm.celResourceName" $name }}{{ if lt $i (sub (len $names) 1) }},{{ end }}
 {{- end }}
-  ]
-))
+    ]
+  )) ||
+  (
+    (has(object.spec.containers) ? object.spec.containers : []) +
+    (has(object.spec.initContainers) ? object.spec.initContainers : []) +
+    (has(object.spec.ephemeralContainers) ? object.spec.ephemeralContainers : [])
+  ).exists(c, has(c.env) && c.env.exists(e,
+    has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES'
+  )) ||
+  (has(object.spec.volumes) ? object.spec.volumes : []).exists(v,
+    has(v.hostPath) && has(v.hostPath.path) &&
+    v.hostPath.path.matches('^(\\.?/+)*dev/+(\\.?/+)*nvidia')
+  )
+)
 {{- end }}
 
-{{/* CEL, true when the old or the new pod has a label or annotation under policy.domain. */}}
+{{/*
+CEL, true when the old or the new pod has a label or annotation under policy.domain, or one
+of the annotations with which a pod chooses its devices (DEVICE_CHOICE_ANNOTATIONS in
+policies/models.py): only gpuadm writes them.
+*/}}
 {{- define "gpuadm.touchesGpuadmKeys" -}}
+{{- $prefix := printf "%s/" (include "gpuadm.domain" .) | squote -}}
 [object, oldObject].exists(o, o != null && has(o.metadata) && (
-  (has(o.metadata.labels) ? o.metadata.labels.map(k, k) : []) +
-  (has(o.metadata.annotations) ? o.metadata.annotations.map(k, k) : [])
-).exists(k, k.startsWith({{ printf "%s/" (include "gpuadm.domain" .) | squote }})))
+  (has(o.metadata.labels) && o.metadata.labels.exists(k, k.startsWith({{ $prefix }}))) ||
+  (has(o.metadata.annotations) && o.metadata.annotations.exists(k,
+    k.startsWith({{ $prefix }}) ||
+    k in [
+      'nvidia.com/use-gputype',
+      'nvidia.com/nouse-gputype',
+      'nvidia.com/use-gpuuuid',
+      'nvidia.com/nouse-gpuuuid',
+      'nvidia.com/vgpu-mode',
+      'volcano.sh/vgpu-mode'
+    ]
+  ))
+))
 {{- end }}
