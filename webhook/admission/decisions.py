@@ -10,7 +10,6 @@ factory, to the config holder, the quota gate and the trusted user.
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -26,7 +25,8 @@ from policies.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
 from webhook.quota.gate import QuotaGate
 from webhook.reviews import responses
-from webhook.reviews.request import LARGE_REVIEW_BYTES, AdmissionRequest
+from webhook.reviews.in_turn import in_turn
+from webhook.reviews.request import AdmissionRequest
 
 Outcome = Literal["allowed", "mutated", "denied", "warned", "error"]
 # A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
@@ -163,10 +163,7 @@ async def _guard_in_turn(
     security contexts the guard reads, so the guard runs on every review. Like planning, it is
     linear in the pod: a large pod is checked in a worker thread to keep the event loop free.
     """
-    if request.size < LARGE_REVIEW_BYTES:
-        check_guard(request.object, config.policy, class_name)
-    else:
-        await asyncio.to_thread(check_guard, request.object, config.policy, class_name)
+    await in_turn(request.size, check_guard, request.object, config.policy, class_name)
 
 
 def _exempt(request: AdmissionRequest, config: ConfigSnapshot) -> bool:

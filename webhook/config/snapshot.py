@@ -8,7 +8,6 @@ its ConfigMap, `gpuadm-policy` or `gpuadm-quotas`, for files too.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -18,7 +17,7 @@ from typing import Any, NamedTuple
 from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
 from webhook.config.plan_memo import PlanMemo
 from webhook.observe.metrics import MemoReading, Metrics
-from webhook.reviews.request import LARGE_REVIEW_BYTES
+from webhook.reviews.in_turn import in_turn
 
 log = logging.getLogger("gpuadm.config")
 
@@ -58,14 +57,8 @@ class ConfigSnapshot:
         return self.plans.plan(pod, namespace_default_class=default_class)
 
     async def plan_in_turn(self, pod: Mapping[str, Any], namespace: str, *, size: int) -> Plan:
-        """Like `plan`, but a pod of `size` bytes or more is planned in a worker thread.
-
-        Planning is linear in the pod, so a pod of a megabyte takes tens of milliseconds;
-        in a thread, the event loop keeps answering other reviews meanwhile.
-        """
-        if size < LARGE_REVIEW_BYTES:
-            return self.plan(pod, namespace)
-        return await asyncio.to_thread(self.plan, pod, namespace)
+        """Like `plan`, for a review of `size` bytes: a large pod is planned in a thread."""
+        return await in_turn(size, self.plan, pod, namespace)
 
 
 def revision_of(text: str) -> str:
