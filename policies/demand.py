@@ -17,6 +17,7 @@ from policies.classes import ClassBase
 from policies.errors import Denial
 from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
+from policies.shapes import clipped, shown
 
 ContainerKind = Literal["initContainers", "containers"]
 
@@ -37,8 +38,8 @@ class ContainerRef:
 
     def __str__(self) -> str:
         if self.kind == "containers":
-            return f'container "{self.name}"'
-        return f'{"sidecar" if self.sidecar else "init container"} "{self.name}"'
+            return f'container "{clipped(self.name)}"'
+        return f'{"sidecar" if self.sidecar else "init container"} "{clipped(self.name)}"'
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +170,7 @@ def _pod_class(
     annotated = annotations.get(policy.class_annotation)
     if annotated is not None and annotated not in policy.classes:
         raise Denial(
-            f"annotation {policy.class_annotation}: {annotated!r} is not a GPU class "
+            f"annotation {policy.class_annotation}: {shown(annotated)} is not a GPU class "
             f"(classes: {', '.join(sorted(policy.classes))})"
         )
     if named:

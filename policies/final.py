@@ -9,6 +9,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.rewrite import Plan, plan
+from policies.shapes import check_metadata
 
 
 def check_final(
@@ -42,6 +43,8 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     devices (`nvidia.com/use-gputype`, ...): changed on a pending pod, the latter would send
     it to another GPU model than its class's.
     """
+    check_metadata(new)
+    check_metadata(old, whose="the old pod's ")
     changed = []
     for field in ("labels", "annotations"):
         before = _owned(old, field, policy)

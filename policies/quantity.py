@@ -31,6 +31,15 @@ _QUANTITY = re.compile(
 )
 
 MiB = 2**20
+# Kubernetes caps every quantity at 2^63 - 1 in magnitude: nothing larger is a resource.
+MAX_AMOUNT = 2**63 - 1
+# 2^63 written out is 19 digits, and a nano amount has nine decimals: no quantity worth
+# reading is longer than this. Longer text is refused before any arithmetic, whose cost grows
+# with the digits (and Python reads no integer of more than 4300 digits).
+MAX_QUANTITY_CHARS = 64
+# Past 10^19, every quantity is out of range, however many decimals its number has.
+MAX_EXPONENT = 19 + MAX_QUANTITY_CHARS
+QUANTITY_FORM = "a number with an optional suffix such as 500m, 2, 10Gi or 1e3"
 
 
 class QuantityError(ValueError):
@@ -38,16 +47,26 @@ class QuantityError(ValueError):
 
 
 def parse_quantity(value: object) -> Fraction:
-    """Parse a Kubernetes quantity (``"500m"``, ``"10Gi"``, ``2``, ``"1e3"``) exactly."""
+    """Parse a Kubernetes quantity (``"500m"``, ``"10Gi"``, ``2``, ``"1e3"``) exactly.
+
+    Its cost is bounded whatever the value: text longer than any quantity, and exponents
+    beyond the largest quantity, are refused before any arithmetic.
+    """
     if isinstance(value, bool):
-        raise QuantityError(f"{value!r} is not a quantity")
+        raise QuantityError(f"{value!r} is not a quantity (expected {QUANTITY_FORM})")
     if isinstance(value, int):
-        return Fraction(value)
+        return _in_range(Fraction(value), value)
     if isinstance(value, float):
         # YAML and JSON turn 0.5 into a float; its shortest repr is what the user wrote.
         value = repr(value)
     if not isinstance(value, str):
-        raise QuantityError(f"{value!r} is not a quantity")
+        raise QuantityError(f"{value!r} is not a quantity (expected {QUANTITY_FORM})")
+    if len(value) > MAX_QUANTITY_CHARS:
+        # Checked before the cache, which would otherwise keep every long text it was given.
+        raise QuantityError(
+            f"{value[:20]!r}… ({len(value)} characters) is not a quantity: a quantity is "
+            f"{QUANTITY_FORM}, in at most {MAX_QUANTITY_CHARS} characters"
+        )
     return _parse_text(value)
 
 
@@ -56,18 +75,29 @@ def _parse_text(value: str) -> Fraction:
     """Parse quantity text; cached, since the same few values recur in every pod."""
     match = _QUANTITY.match(value.strip())
     if match is None:
-        raise QuantityError(
-            f"{value!r} is not a quantity (expected a number with an optional suffix "
-            "such as 500m, 2, 10Gi or 1e3)"
-        )
+        raise QuantityError(f"{value!r} is not a quantity (expected {QUANTITY_FORM})")
     number = Fraction(match["number"])
     if match["exponent"] is not None:
         exponent = int(match["exponent"])
-        if abs(exponent) > 30:
-            raise QuantityError(f"{value!r} is out of range")
-        return number * Fraction(10) ** exponent
+        # Checked before the power is taken, whose cost grows with the exponent.
+        if abs(exponent) > MAX_EXPONENT:
+            raise QuantityError(
+                f"{value!r} is out of range: the exponent of a quantity is between "
+                f"-{MAX_EXPONENT} and {MAX_EXPONENT}"
+            )
+        return _in_range(number * Fraction(10) ** exponent, value)
     suffix = match["suffix"] or ""
-    return number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix])
+    return _in_range(number * (_BINARY[suffix] if suffix in _BINARY else _DECIMAL[suffix]), value)
+
+
+def _in_range(amount: Fraction, written: object) -> Fraction:
+    if abs(amount) > MAX_AMOUNT:
+        raise QuantityError(_out_of_range(written))
+    return amount
+
+
+def _out_of_range(written: object) -> str:
+    return f"{written!r} is out of range: a quantity is at most 2^63-1 ({MAX_AMOUNT})"
 
 
 @functools.lru_cache(maxsize=1024)

@@ -21,6 +21,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.quantity import format_amount, parse_quantity
+from policies.shapes import REQUIRED, check_pod, shown
 
 Patch = list[dict[str, Any]]
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -45,6 +46,7 @@ def plan(
     pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
 ) -> Plan:
     """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid."""
+    check_pod(pod)
     demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return NO_GPU
@@ -77,8 +79,10 @@ def plan_inputs(
     Two pods with the same inputs get the same plan (or the same denial), so a caller may
     remember plans by this key (keys are not sorted: equal pods written in another key order
     only miss the memo): the pods of one ReplicaSet or Job differ only in what `plan`
-    does not read (names, uids, most labels and annotations, images, env).
+    does not read (names, uids, most labels and annotations, images, env). A pod whose
+    fields have the wrong type has no inputs: it raises the `Denial` that `plan` would.
     """
+    check_pod(pod)
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
@@ -114,6 +118,7 @@ def pod_charge(
     pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
 ) -> tuple[str, Fraction] | None:
     """Return (class, GPUs) a pod holds by its resources, or None; raise `Denial` if invalid."""
+    check_pod(pod)
     demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return None
@@ -176,12 +181,12 @@ def _check_scheduler(spec: Mapping[str, Any], demand: PodDemand) -> None:
     if named not in (None, "", DEFAULT_SCHEDULER, wanted):
         raise Denial(
             f"class {demand.class_name} is scheduled by {wanted!r}, but the pod names "
-            f"schedulerName {named!r}; remove schedulerName or set it to {wanted!r}"
+            f"schedulerName {shown(named)}; remove schedulerName or set it to {wanted!r}"
         )
     if spec.get("nodeName"):
         raise Denial(
             f"class {demand.class_name} is placed by the scheduler {wanted!r}, but the pod sets "
-            f"nodeName {spec['nodeName']!r}, which bypasses it; remove nodeName"
+            f"nodeName {shown(spec['nodeName'])}, which bypasses it; remove nodeName"
         )
 
 
@@ -206,7 +211,7 @@ def _check_device_choice(pod: Mapping[str, Any], policy: Policy, class_name: str
             )
         if brought[key] != written[key]:
             notes.append(
-                f"annotation {key}: {brought[key]!r} replaced by {written[key]!r}, the value "
+                f"annotation {key}: {shown(brought[key])} replaced by {written[key]!r}, the value "
                 f"of class {class_name}; only gpuadm writes it"
             )
     return notes
@@ -259,24 +264,35 @@ def _with_node_affinity(
     """Return the affinity with the class's expressions ANDed into every selector term.
 
     Terms are ORed, so adding a term of our own would widen the pod's placement; the class's
-    requirement must sit inside each term instead. An empty term matches no node, so it is
-    left as it is rather than turned into one that matches.
+    requirement must sit inside each term instead. A pod without terms gets one, holding
+    the class's requirement alone.
     """
     # Copied along the path that changes only: the pod given to `plan` is never modified.
     updated = dict(affinity)
     node_affinity = updated["nodeAffinity"] = dict(updated.get("nodeAffinity") or {})
-    key = "requiredDuringSchedulingIgnoredDuringExecution"
-    required = node_affinity[key] = dict(node_affinity.get(key) or {})
-    terms = required.get("nodeSelectorTerms") or [{}]
-    new_terms = []
-    for term in terms:
-        term = dict(term)
-        if term or len(terms) == 1:
-            existing = list(term.get("matchExpressions") or [])
-            term["matchExpressions"] = existing + [e for e in expressions if e not in existing]
-        new_terms.append(term)
-    required["nodeSelectorTerms"] = new_terms
+    required = node_affinity[REQUIRED] = dict(node_affinity.get(REQUIRED) or {})
+    terms = required.get("nodeSelectorTerms")
+    if not terms:
+        required["nodeSelectorTerms"] = [{"matchExpressions": list(expressions)}]
+    else:
+        required["nodeSelectorTerms"] = [
+            term if _matches_nothing(term) else _and_into(term, expressions) for term in terms
+        ]
     return updated
+
+
+def _and_into(term: Mapping[str, Any], expressions: list[dict[str, Any]]) -> dict[str, Any]:
+    existing = list(term.get("matchExpressions") or [])
+    return {**term, "matchExpressions": existing + [e for e in expressions if e not in existing]}
+
+
+def _matches_nothing(term: Mapping[str, Any]) -> bool:
+    """Tell whether a node selector term is empty, which matches no node.
+
+    It must stay so: with the class's requirements ANDed in, it would match the class's
+    nodes, and the pod would be placed where its own terms never allowed.
+    """
+    return not term.get("matchExpressions") and not term.get("matchFields")
 
 
 def _add(path: str, value: Any) -> dict[str, Any]:

@@ -39,6 +39,13 @@ def test_parse(text: object, expected: Fraction) -> None:
         pytest.param("1.5.0", id="two-points"),
         pytest.param("10GB", id="unknown-suffix"),
         pytest.param("1e999", id="exponent-out-of-range"),
+        pytest.param("1e999999999", id="absurd-exponent"),
+        pytest.param("1e-999999999", id="absurd-negative-exponent"),
+        pytest.param("9" * 4301, id="thousands-of-digits"),
+        pytest.param("0." + "0" * 5000 + "1", id="thousands-of-decimals"),
+        pytest.param("8Ei", id="past-2-to-the-63"),
+        pytest.param(2**64 - 1, id="json-number-past-2-to-the-63"),
+        pytest.param(1e300, id="float-past-2-to-the-63"),
         pytest.param(True, id="boolean"),
         pytest.param(None, id="null"),
         pytest.param([1], id="list"),
@@ -47,6 +54,12 @@ def test_parse(text: object, expected: Fraction) -> None:
 def test_invalid_quantities_say_what_is_accepted(text: object) -> None:
     with pytest.raises(QuantityError, match=r"quantit|out of range"):
         parse_quantity(text)
+
+
+def test_the_largest_quantity_parses() -> None:
+    assert parse_quantity("9223372036854775807") == 2**63 - 1
+    assert parse_quantity("7Ei") == 7 * 2**60
+    assert parse_quantity("1e-83") == Fraction(1, 10**83)
 
 
 def test_ten_tenths_are_exactly_one() -> None:

@@ -13,6 +13,9 @@ from tests.apiserver_rules import violations
 from tests.builders import container, pod
 
 A100_TYPES = "NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
+ZONE = {"key": "zone", "operator": "In", "values": ["a"]}
+HOST = {"key": "metadata.name", "operator": "In", "values": ["n1"]}
+T4_MODEL = {"key": "gaia.tencent.com/gpu-model", "operator": "In", "values": ["Tesla-T4"]}
 
 
 def apply(policy: Policy, body: dict[str, Any], **kwargs: Any) -> tuple[dict[str, Any], Any]:
@@ -316,6 +319,44 @@ def test_node_affinity_is_anded_into_every_existing_term(policy: Policy) -> None
         node_affinity["preferredDuringSchedulingIgnoredDuringExecution"]
         == (affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"])
     )
+
+
+@pytest.mark.parametrize(
+    ("terms", "expected"),
+    [
+        pytest.param([{}], [{}], id="one-empty-term"),
+        pytest.param([{"matchExpressions": []}], [{"matchExpressions": []}], id="no-expressions"),
+        pytest.param(
+            [{}, {"matchExpressions": [ZONE]}],
+            [{}, {"matchExpressions": [ZONE, T4_MODEL]}],
+            id="empty-term-beside-one-that-matches",
+        ),
+        pytest.param(
+            [{"matchFields": [], "matchExpressions": None}, {"matchFields": [HOST]}],
+            [
+                {"matchFields": [], "matchExpressions": None},
+                {"matchFields": [HOST], "matchExpressions": [T4_MODEL]},
+            ],
+            id="empty-fields-and-null-expressions",
+        ),
+    ],
+)
+def test_an_empty_term_matches_nothing_and_stays_empty(
+    policy: Policy, terms: list[dict[str, Any]], expected: list[dict[str, Any]]
+) -> None:
+    affinity = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}
+        }
+    }
+    body = pod({"gpuadm.io/t4": "1"}, affinity=affinity)
+    result = plan(body, policy)
+    mutated = jsonpatch.apply_patch(body, result.patch)
+    required = mutated["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]
+    assert required["nodeSelectorTerms"] == expected
+    assert plan(mutated, policy).patch == [], "the rewrite is not idempotent"
 
 
 def test_pod_without_affinity_gets_one_term(policy: Policy) -> None:

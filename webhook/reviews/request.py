@@ -1,8 +1,9 @@
 """Decode an AdmissionReview (`admission.k8s.io/v1`) into a typed request.
 
-Anything wrong with the review itself (not JSON, not a review, not a pod, no uid) raises
-`BadReview`, which the HTTP edge turns into a 400 with the reason. What is wrong with the pod
-is not decided here.
+Anything wrong with the review itself (not JSON, not a review, no uid, a request field of the
+wrong type) raises `BadReview`, which the HTTP edge turns into a 400 with the reason. A
+well-formed review of another kind than Pod is decoded like any other, and is not gpuadm's
+to judge. What is wrong with the pod is not decided here.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any, Literal, cast
 
 import orjson
 
+from policies.shapes import shown
+
 API_VERSION = "admission.k8s.io/v1"
 # Reviews from this size up are large: a typical pod's review is 4 to 10 KiB and is planned
 # in well under a millisecond, while at 64 KiB (a hundred containers or more) planning takes
@@ -19,6 +22,32 @@ API_VERSION = "admission.k8s.io/v1"
 LARGE_REVIEW_BYTES = 64 * 1024
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
+POD = "Pod"
+# The JSON type of each request field the apiserver sends; null stands for an absent field.
+_REQUEST_FIELDS: dict[str, tuple[type, str]] = {
+    "kind": (dict, "an object"),
+    "resource": (dict, "an object"),
+    "subResource": (str, "a string"),
+    "requestKind": (dict, "an object"),
+    "requestResource": (dict, "an object"),
+    "requestSubResource": (str, "a string"),
+    "name": (str, "a string"),
+    "namespace": (str, "a string"),
+    "operation": (str, "a string"),
+    "userInfo": (dict, "an object"),
+    "object": (dict, "an object"),
+    "oldObject": (dict, "an object"),
+    "dryRun": (bool, "true or false"),
+    "options": (dict, "an object"),
+}
+# The string members of the request's objects: the kinds and resources, and the user.
+_MEMBERS = {
+    "kind": ("group", "version", "kind"),
+    "requestKind": ("group", "version", "kind"),
+    "resource": ("group", "version", "resource"),
+    "requestResource": ("group", "version", "resource"),
+    "userInfo": ("username", "uid"),
+}
 
 
 class BadReview(ValueError):
@@ -45,12 +74,24 @@ class AdmissionRequest:
     groups: tuple[str, ...]
     # Bytes of the review as received: a large pod is planned off the event loop.
     size: int = 0
+    # The object's kind as kubectl names it: "Pod", or e.g. "Deployment.apps".
+    kind: str = POD
+
+    @property
+    def is_pod(self) -> bool:
+        """Tell whether the review is of a core/v1 Pod, the only kind gpuadm judges."""
+        return self.kind == POD
 
     @property
     def pod_name(self) -> str:
         """Return the pod's name, or its generateName prefix on a CREATE that has none yet."""
-        metadata = self.object.get("metadata") or {}
-        return str(self.name or metadata.get("name") or metadata.get("generateName") or "")
+        # The pod is not checked yet (that is the core's job), so its metadata may be odd.
+        metadata = self.object.get("metadata")
+        found = metadata if isinstance(metadata, dict) else {}
+        for name in (self.name, found.get("name"), found.get("generateName")):
+            if isinstance(name, str) and name:
+                return name
+        return ""
 
 
 def decode_review(body: bytes) -> AdmissionRequest:
@@ -64,41 +105,78 @@ def decode_review(body: bytes) -> AdmissionRequest:
     if review.get("kind") != "AdmissionReview" or review.get("apiVersion") != API_VERSION:
         raise BadReview(
             f"expected kind AdmissionReview, apiVersion {API_VERSION}; got kind "
-            f"{review.get('kind')!r}, apiVersion {review.get('apiVersion')!r}"
+            f"{shown(review.get('kind'))}, apiVersion {shown(review.get('apiVersion'))}"
         )
     request = review.get("request")
-    if not isinstance(request, dict):
+    if request is None:
         raise BadReview("the AdmissionReview has no request object")
+    if not isinstance(request, dict):
+        raise BadReview(f"request: {shown(request)} is not an object")
     uid = request.get("uid")
-    if not isinstance(uid, str) or not uid:
+    if uid is None:
         raise BadReview("request.uid is missing")
+    if not isinstance(uid, str) or not uid:
+        raise BadReview(f"request.uid: {shown(uid)} is not a non-empty string")
     return _request(request, uid, len(body))
 
 
 def _request(request: dict[str, Any], uid: str, size: int) -> AdmissionRequest:
-    kind = request.get("kind") or {}
-    if not isinstance(kind, dict) or (kind.get("group"), kind.get("kind")) != ("", "Pod"):
-        raise BadReview(f"gpuadm admits core/v1 Pods only, got {kind!r}", uid)
+    _check_fields(request, uid)
+    kind = request.get("kind")
+    if not kind or not kind.get("kind"):
+        raise BadReview("request.kind is missing, or names no kind", uid)
     operation = request.get("operation")
     if operation not in _OPERATIONS:
-        raise BadReview(f"request.operation {operation!r} is not one of {_OPERATIONS}", uid)
+        raise BadReview(f"request.operation: {shown(operation)} is not one of {_OPERATIONS}", uid)
     obj = request.get("object")
     old = request.get("oldObject")
-    if operation in ("CREATE", "UPDATE") and not isinstance(obj, dict):
-        raise BadReview(f"a {operation} review must carry the pod in request.object", uid)
-    if operation == "UPDATE" and not isinstance(old, dict):
-        raise BadReview("an UPDATE review must carry the old pod in request.oldObject", uid)
+    if operation in ("CREATE", "UPDATE") and obj is None:
+        raise BadReview(f"request.object is missing, which every {operation} review carries", uid)
+    if operation == "UPDATE" and old is None:
+        raise BadReview("request.oldObject is missing, which every UPDATE review carries", uid)
     user_info = request.get("userInfo") or {}
-    groups = user_info.get("groups") or ()
     return AdmissionRequest(
         uid=uid,
         operation=cast(Operation, operation),
-        namespace=str(request.get("namespace") or ""),
-        name=str(request.get("name") or ""),
-        object=obj if isinstance(obj, dict) else {},
-        old_object=old if isinstance(old, dict) else None,
+        namespace=request.get("namespace") or "",
+        name=request.get("name") or "",
+        object=obj or {},
+        old_object=old,
         dry_run=request.get("dryRun") is True,
-        user=str(user_info.get("username") or ""),
-        groups=tuple(str(g) for g in groups) if isinstance(groups, list) else (),
+        user=user_info.get("username") or "",
+        groups=tuple(user_info.get("groups") or ()),
         size=size,
+        kind=kind["kind"] if not kind.get("group") else f"{kind['kind']}.{kind['group']}",
     )
+
+
+def _check_fields(request: dict[str, Any], uid: str) -> None:
+    """Refuse a request whose fields have other JSON types than the apiserver sends."""
+    for field, (expected, spelled) in _REQUEST_FIELDS.items():
+        value = request.get(field)
+        if value is not None and type(value) is not expected:
+            raise BadReview(f"request.{field}: {shown(value)} is not {spelled}", uid)
+    for field, members in _MEMBERS.items():
+        value = request.get(field) or {}
+        for member in members:
+            item = value.get(member)
+            if item is not None and not isinstance(item, str):
+                raise BadReview(f"request.{field}.{member}: {shown(item)} is not a string", uid)
+    _check_user_lists(request.get("userInfo") or {}, uid)
+
+
+def _check_user_lists(user_info: dict[str, Any], uid: str) -> None:
+    groups = user_info.get("groups")
+    if groups is not None and not _strings(groups):
+        raise BadReview(f"request.userInfo.groups: {shown(groups)} is not a list of strings", uid)
+    extra = user_info.get("extra")
+    if extra is not None and not (
+        isinstance(extra, dict) and all(v is None or _strings(v) for v in extra.values())
+    ):
+        raise BadReview(
+            f"request.userInfo.extra: {shown(extra)} is not an object of lists of strings", uid
+        )
+
+
+def _strings(value: object) -> bool:
+    return isinstance(value, list) and all(isinstance(item, str) for item in value)

@@ -1,8 +1,11 @@
 """The HTTP edge: checks a review's envelope, calls admission, and never leaks a stack trace.
 
-- A body that is not an AdmissionReview gpuadm can judge is an HTTP 4xx whose body names
-  what was wrong (413 too large, 415 not JSON, 400 malformed or not a pod review).
-- A pod that breaks a rule is an HTTP 200 review with `allowed: false` (webhook.admission).
+- A body that is not a well-formed AdmissionReview is an HTTP 4xx whose body names what was
+  wrong (413 too large, 415 not JSON, 400 malformed, naming the field and its value).
+- A well-formed review of another kind than Pod is not gpuadm's to judge: it is allowed, with
+  no patch, here, without reaching admission.
+- A pod that breaks a rule, or that is merely odd (a field of the wrong type), is an HTTP 200
+  review with `allowed: false` (webhook.admission and the core).
 - Any other failure is logged here with its traceback and answered with a review that still
   carries the request's uid, so the apiserver shows the user a message instead of a 500.
 """
@@ -15,6 +18,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -95,21 +99,34 @@ class ReviewEndpoint:
             return self._bad_request(400, error.reason)
         except web.HTTPException as error:
             return self._bad_request(error.status, error.text or error.reason)
-        try:
-            decision = await self.decide(review)
-        except Exception:
-            incident = uuid.uuid4().hex[:12]
-            log.exception("admission of %s failed (incident %s)", review.uid, incident)
-            decision = Decision(
-                "error", f"gpuadm failed to judge this request (incident {incident}); retry"
-            )
+        decision, answer = await self._answer(review)
         latency = time.perf_counter() - started
         self.metrics.answered(self.name, review.operation, decision.outcome, latency)
         if self.audit is not None:
             self.audit.write(
                 audit_entry(endpoint=self.name, request=review, decision=decision, latency=latency)
             )
-        return _json(200, decision.review(review.uid))
+        return _json(200, answer)
+
+    async def _answer(self, review: AdmissionRequest) -> tuple[Decision, dict[str, Any]]:
+        """Decide, and write the review that answers; a failure of either keeps the uid."""
+        try:
+            decision = await self._decide(review)
+            return decision, decision.review(review.uid)
+        except Exception:
+            incident = uuid.uuid4().hex[:12]
+            log.exception("admission of %s failed (incident %s)", review.uid, incident)
+            decision = Decision(
+                "error", f"gpuadm failed to judge this request (incident {incident}); retry"
+            )
+            return decision, decision.review(review.uid)
+
+    async def _decide(self, review: AdmissionRequest) -> Decision:
+        if not review.is_pod:
+            # The webhooks' rules send pods only, so this is a misrouted or hand-made review:
+            # well-formed, so not a 4xx, and nothing of gpuadm's to judge or rewrite.
+            return Decision("allowed", f"gpuadm judges Pods only; {review.kind} passes unchanged")
+        return await self.decide(review)
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.max_review_bytes

@@ -164,29 +164,21 @@ def _without(key: str) -> dict[str, Any]:
             json.dumps(_without("object")),
             "application/json",
             400,
-            "must carry the pod in request.object",
+            "request.object is missing, which every CREATE review carries",
             id="create-without-object",
         ),
         pytest.param(
-            json.dumps(
-                {**review(pod({}))}
-                | {
-                    "request": {
-                        **review(pod({}))["request"],
-                        "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
-                    }
-                }
-            ),
+            json.dumps(review(pod({})) | {"request": "x"}),
             "application/json",
             400,
-            "admits core/v1 Pods only",
-            id="wrong-kind",
+            "request: 'x' is not an object",
+            id="request-is-a-string",
         ),
         pytest.param(
             json.dumps(review(pod({}), operation="PATCH")),
             "application/json",
             400,
-            "request.operation 'PATCH'",
+            "request.operation: 'PATCH'",
             id="unknown-operation",
         ),
         pytest.param(
@@ -211,6 +203,119 @@ async def test_bad_reviews_get_a_4xx_with_the_reason(
     response = await client.post("/validate", data=payload, headers={"Content-Type": content_type})
     assert response.status == status
     assert reason in (await response.json())["error"]
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        pytest.param({"group": "apps", "version": "v1", "kind": "Deployment"}, "Deployment.apps"),
+        pytest.param({"group": "", "version": "v1", "kind": "ConfigMap"}, "ConfigMap"),
+        pytest.param({"group": "example.com", "version": "v1", "kind": "Pod"}, "Pod.example.com"),
+    ],
+)
+async def test_a_review_of_another_kind_is_allowed_without_patch(
+    client: Client, path: str, kind: dict[str, str], named: str
+) -> None:
+    # The object is a GPU pod in all but its kind: gpuadm must not judge or rewrite it.
+    body = review(pod({"gpuadm.io/a100": "1.5"}), uid="other-kind")
+    body["request"]["kind"] = kind
+    response = await post(client, path, body)
+    assert response == {
+        "uid": "other-kind",
+        "allowed": True,
+        "auditAnnotations": {
+            "decision": "allowed",
+            "reason": f"gpuadm judges Pods only; {named} passes unchanged",
+        },
+    }
+
+
+def _odd(*path: str | int, value: object, limits: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Return a review of a GPU pod with `value` put at `path` in the pod."""
+    body = pod(limits or {"gpuadm.io/a100": "1"})
+    *parents, last = path
+    target: Any = body
+    for step in parents:
+        target = target[step]
+    target[last] = value
+    return review(body, uid="odd-1")
+
+
+def _nested(depth: int) -> Any:
+    value: Any = "1"
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        pytest.param(
+            _odd("metadata", "annotations", value=["gpuadm.io/class=a100"]),
+            "metadata.annotations: ['gpuadm.io/class=a100'] is not an object of strings",
+            id="annotations-as-a-list",
+        ),
+        pytest.param(
+            _odd("spec", "containers", 0, "resources", "claims", value=_nested(255)),
+            f'container "main": resources.claims: {"[" * 59}… nests lists and objects more '
+            "than 16 levels deep, deeper than any field of a pod",
+            id="resources-nested-255-deep",
+        ),
+        pytest.param(
+            _odd(
+                "spec", "containers", 0, "resources", "limits", value={"gpuadm.io/a100": "9" * 4400}
+            ),
+            "container \"main\": gpuadm.io/a100: '99999999999999999999'… (4400 characters) is not "
+            "a quantity: a quantity is a number with an optional suffix such as 500m, 2, 10Gi or "
+            "1e3, in at most 64 characters",
+            id="quantity-of-4400-digits",
+        ),
+        pytest.param(
+            _odd(
+                "spec",
+                "affinity",
+                value={
+                    "nodeAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": {
+                            "nodeSelectorTerms": [None]
+                        }
+                    }
+                },
+            ),
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution."
+            "nodeSelectorTerms[0]: null is not a node selector term (an object with "
+            "matchExpressions)",
+            id="node-selector-terms-null",
+        ),
+    ],
+)
+async def test_an_odd_pod_is_denied_cleanly(
+    client: Client,
+    caplog: pytest.LogCaptureFixture,
+    path: str,
+    body: dict[str, Any],
+    message: str,
+) -> None:
+    response = await post(client, path, body)
+    assert response["allowed"] is False
+    assert response["status"] == {
+        "code": 403,
+        "reason": "Forbidden",
+        "message": message,
+        "status": "Failure",
+    }
+    assert not [record for record in caplog.records if record.exc_info]
+
+
+async def test_a_review_whose_user_info_is_a_string_is_a_400(client: Client) -> None:
+    body = review(pod({"gpuadm.io/a100": "1"}))
+    body["request"]["userInfo"] = "x"
+    response = await client.post("/mutate", json=body)
+    assert response.status == 400
+    assert await response.json() == {"error": "request.userInfo: 'x' is not an object"}
 
 
 async def test_huge_body_without_content_length_is_refused(client: Client) -> None:
