@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from policies.classes import VirtualGpuClass
 from policies.errors import Denial
 from policies.policy import STACK_NAMES, Guard, Policy, ResourceRole
+from policies.shapes import clipped, shown
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # The values with which the NVIDIA container runtime gives a container no GPU: `void` runs it
@@ -305,12 +306,14 @@ def _where(kind: str, container: Mapping[str, Any]) -> str:
 
 
 def _shown(value: object) -> str:
-    """Return a value for a message: text cut to MAX_SHOWN characters, others by type."""
-    if isinstance(value, (int, float)) or value is None:
-        return str(value)
-    if not isinstance(value, str):
-        return f"<{type(value).__name__}>"
-    return value if len(value) <= MAX_SHOWN else value[:MAX_SHOWN] + "..."
+    """Return a value for a message: text as it is, other values as the core shows them.
+
+    Names and paths read better unquoted (`env NVIDIA_VISIBLE_DEVICES=all`); both are cut
+    to MAX_SHOWN characters the same way as every value a message shows.
+    """
+    if isinstance(value, str):
+        return clipped(value, MAX_SHOWN)
+    return shown(value, MAX_SHOWN)
 
 
 def _mapping(value: object) -> Mapping[str, Any]:

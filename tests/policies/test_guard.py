@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -436,7 +437,9 @@ def test_an_odd_value_is_named_by_its_type(policy: Policy) -> None:
             {"name": ["x"], "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": ["all"]}]}
         ]
     }
-    with pytest.raises(Denial, match=r'container "<list>": env NVIDIA_VISIBLE_DEVICES=<list>'):
+    with pytest.raises(
+        Denial, match=re.escape("""container "['x']": env NVIDIA_VISIBLE_DEVICES=['all']""")
+    ):
         check_guard({"spec": spec}, policy, None)
 
 

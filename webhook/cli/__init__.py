@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 from collections.abc import Sequence
 
 from webhook.cli import certificates, check_config, review, serve
-from webhook.cli.exits import CommandError, report
+from webhook.cli.exits import CommandError, ExitCode, report
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,3 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except CommandError as error:
         return int(report(error))
+    except BrokenPipeError:
+        # The reader went away (`gpuadm review ... | head`): nothing left to say to it, and
+        # Python must not complain at exit while flushing the closed pipe either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.FAILED)

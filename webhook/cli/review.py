@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise CommandError(f"{args.pod} is not a Pod manifest")
     metadata = pod.get("metadata") or {}
-    namespace = args.namespace or metadata.get("namespace") or "default"
+    if not isinstance(metadata, dict):
+        raise CommandError(f"{args.pod}: metadata is not a mapping")
+    namespace = str(args.namespace or metadata.get("namespace") or "default")
     result = asyncio.run(simulate_admission(pod, namespace, config))
     if args.output == "json":
         print(json.dumps(result, indent=2))
@@ -90,7 +92,7 @@ def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:
         uid=str(uuid.uuid4()),
         operation="CREATE",
         namespace=namespace,
-        name=str((pod.get("metadata") or {}).get("name") or ""),
+        name="",  # the pod's own name, if any, is read from the object as the apiserver's is
         object=pod,
         old_object=None,
         dry_run=True,

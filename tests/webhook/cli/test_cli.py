@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.builders import container
 from tests.support import ROOT
 from webhook.cli import main
 
@@ -182,3 +185,34 @@ def test_check_config_warns_of_a_hami_class_without_models(
     out = capsys.readouterr().out
     assert "warning: class any (hami) lists neither `models` nor `gpuTypes`" in out
     assert "ok: 1 policy and 0 quota config(s) are valid" in out
+
+
+def test_review_of_a_pod_with_odd_metadata_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text("kind: Pod\nmetadata: [a, b]\nspec: {containers: []}\n")
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 2
+    assert "metadata is not a mapping" in capsys.readouterr().err
+
+
+def test_review_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    # Far more output than a pipe buffers, so the writer meets the closed pipe.
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "wide"},
+        "spec": {"containers": [container(f"c{i}", {"gpuadm.io/h100": "1"}) for i in range(400)]},
+    }
+    pod = tmp_path / "wide.yaml"
+    pod.write_text(yaml.safe_dump(body))
+    result = subprocess.run(
+        f"{sys.executable} -m webhook.cli review {pod} --policy {POLICY} | head -c 1",
+        shell=True,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert "Traceback" not in result.stderr
+    assert result.stdout == "v"
