@@ -29,6 +29,7 @@ from cel_expr_python import cel
 
 from policies import Denial, check_guard, load_policy
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.policy import _default_resource_names
 from tests.builders import POLICY_YAML
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,6 +88,13 @@ GPU_RESOURCE_NAMES = [
     "volcano.sh/vgpu-number",
     "volcano.sh/vgpu-memory",
     "volcano.sh/vgpu-cores",
+    "aliyun.com/gpu-core.percentage",
+    "tke.cloud.tencent.com/qgpu-core",
+    "tke.cloud.tencent.com/qgpu-memory",
+    "vke.volcengine.com/mgpu-core",
+    "vke.volcengine.com/mgpu-memory",
+    "elasticgpu.com/gpu-core",
+    "elasticgpu.com/gpu-memory",
 ]
 
 
@@ -1004,6 +1012,25 @@ def test_ephemeral_containers_reach_the_validating_webhook_when_they_concern_gpu
     new = debugged(stored, added)
     sent = sent_to_webhook(validating, "UPDATE", new, stored, sub_resource="ephemeralcontainers")
     assert sent is expected
+
+
+# Read from the backends themselves, not written down again: every name (or prefix) that a
+# built-in backend or a preset writes or reads under its defaults, which gpuadm takes for a
+# GPU resource in any class. A backend whose names the webhooks did not route would let raw
+# pods of its stack past gpuadm, and past quota with them.
+@pytest.mark.parametrize("name", sorted(_default_resource_names()))
+def test_every_resource_a_backend_knows_reaches_both_webhooks(
+    name: str, webhooks: tuple[Obj, Obj]
+) -> None:
+    mutating, validating = webhooks
+    asking = pod(container(limits={name: "1"}, requests={name: "1"}))
+    assert sent_to_webhook(mutating, "CREATE", asking, None)
+    assert sent_to_webhook(validating, "CREATE", asking, None)
+    debug = {"name": "debug", "image": "busybox"}
+    sent = sent_to_webhook(
+        validating, "UPDATE", debugged(asking, debug), asking, sub_resource="ephemeralcontainers"
+    )
+    assert sent, "the ephemeral-containers condition does not route it"
 
 
 @pytest.mark.parametrize("key", DEVICE_CHOICE_ANNOTATIONS)

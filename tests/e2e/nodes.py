@@ -21,7 +21,19 @@ from kubernetes.client.exceptions import ApiException
 
 from tests.device_matching import hami_device_type, volcano_device_type
 
-Stack = Literal["nvidia", "hami", "gpu-manager", "mig", "gpushare", "time-slicing", "volcano"]
+Stack = Literal[
+    "nvidia",
+    "hami",
+    "gpu-manager",
+    "mig",
+    "gpushare",
+    "time-slicing",
+    "volcano",
+    "qgpu",
+    "cgpu",
+    "mgpu",
+    "elastic-gpu",
+]
 STACKS: tuple[Stack, ...] = get_args(Stack)
 
 # The deviceSplitCount both HAMi and Volcano default to: pods that may share one GPU.
@@ -32,6 +44,8 @@ TIME_SLICES = 4
 MIG_LAYOUT = {"1g.10gb": 2, "2g.20gb": 1, "3g.40gb": 1}
 # What every node has besides GPUs: more than any test pod asks for.
 BASE_CAPACITY = {"cpu": "64", "memory": "512Gi", "pods": "110"}
+# TKE counts qGPU memory in "G"; gpuadm's qgpu preset reads one as 10^9 bytes (docs/backends.md).
+QGPU_MEMORY_UNIT = 10**9
 # GPU pools are often tainted so that only pods that tolerate GPUs go there.
 GPU_TAINT: Mapping[str, str] = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 
@@ -120,6 +134,44 @@ TEST_POOLS = (
     Pool("cpu", None),
 )
 
+# One pool per class of PRESET_POLICY_YAML (tests/e2e/test_more_stacks.py), labelled as each
+# stack labels its nodes. Each also advertises every other stack's resources, so only the
+# class's nodeSelector keeps a pod in its own pool.
+PRESET_POOLS = (
+    Pool(
+        "t4-qgpu",
+        "t4-qgpu",
+        T4,
+        "qgpu",
+        every_stack=True,
+        labels={"qgpu-device-enable": "enable"},
+    ),
+    Pool(
+        "v100-cgpu",
+        "v100-cgpu",
+        V100,
+        "cgpu",
+        every_stack=True,
+        labels={"ack.node.gpu.schedule": "core_mem"},
+    ),
+    Pool(
+        "a10-mgpu",
+        "a10-mgpu",
+        A10,
+        "mgpu",
+        every_stack=True,
+        labels={"vke.node.gpu.schedule": "mgpu"},
+    ),
+    Pool(
+        "l4-egpu",
+        "l4-egpu",
+        L4,
+        "elastic-gpu",
+        every_stack=True,
+        labels={"elastic-gpu": "true"},
+    ),
+)
+
 # One pool per class of examples/policy.yaml, as `make dev-cluster` shows them, each running
 # its own stack only.
 EXAMPLE_POOLS = (
@@ -134,6 +186,18 @@ EXAMPLE_POOLS = (
 def nodes_of(pools: Sequence[Pool], gpu_class: str) -> set[str]:
     """Return the names of the nodes that serve ``gpu_class``."""
     return {name for pool in pools if pool.gpu_class == gpu_class for name in pool.node_names}
+
+
+def fits_outside(pools: Sequence[Pool], requests: Mapping[str, str], gpu_class: str) -> bool:
+    """Tell whether an untainted node of ``pools`` serving another class has room for ``requests``.
+
+    Were there none, a pod landing in its class would show resource fit, not the class.
+    """
+    return any(
+        all(node_resources(pool).get(key, 0) >= int(value) for key, value in requests.items())
+        for pool in pools
+        if pool.gpu_class not in (gpu_class, None) and not pool.taints
+    )
 
 
 def hostname_affinity(*nodes: str) -> dict[str, Any]:
@@ -249,6 +313,27 @@ def stack_resources(stack: Stack, gpu: Gpu, count: int) -> dict[str, int]:
                 "volcano.sh/vgpu-cores": count * 100,
                 "volcano.sh/vgpu-memory": memory,
             }
+        case "qgpu":
+            # Whole units per GPU: a unit cannot span two cards.
+            units = gpu.memory_mib * 2**20 // QGPU_MEMORY_UNIT
+            return {
+                "tke.cloud.tencent.com/qgpu-core": count * 100,
+                "tke.cloud.tencent.com/qgpu-memory": units * count,
+            }
+        case "cgpu":
+            # The same device plugin as gpushare's counts GiB; compute is percent of a GPU.
+            return {
+                "aliyun.com/gpu-mem": memory // 1024,
+                "aliyun.com/gpu-core.percentage": count * 100,
+            }
+        case "mgpu":
+            return {
+                "vke.volcengine.com/mgpu-core": count * 100,
+                "vke.volcengine.com/mgpu-memory": memory,
+            }
+        case "elastic-gpu":
+            # elastic-gpu-agent advertises a device per percent of a GPU and per MiB.
+            return {"elasticgpu.com/gpu-core": count * 100, "elasticgpu.com/gpu-memory": memory}
 
 
 def device_registrations(pool: Pool, name: str) -> dict[str, str]:

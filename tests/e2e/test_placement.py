@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 
 import kubernetes.client
 import pytest
@@ -13,8 +13,8 @@ from tests.e2e.fixtures import Deployment
 from tests.e2e.nodes import (
     HAMI_REGISTER,
     TEST_POOLS,
+    fits_outside,
     hostname_affinity,
-    node_resources,
     nodes_of,
     pools_created,
 )
@@ -32,18 +32,6 @@ def policy_pools(core_v1: kubernetes.client.CoreV1Api, scheduler: Scheduler) -> 
     with pools_created(core_v1, TEST_POOLS) as names:
         scheduler.wait_until_seen(names[-1])
         yield
-
-
-def fits_outside(requests: Mapping[str, str], gpu_class: str) -> bool:
-    """Tell whether an untainted node of another class has room for ``requests``.
-
-    Were there none, a pod landing in its class would show resource fit, not the class.
-    """
-    return any(
-        all(node_resources(pool).get(key, 0) >= int(value) for key, value in requests.items())
-        for pool in TEST_POOLS
-        if pool.gpu_class not in (gpu_class, None) and not pool.taints
-    )
 
 
 def named(gpu_class: str) -> dict[str, str]:
@@ -88,7 +76,9 @@ def test_a_gpu_pod_is_bound_to_a_node_of_its_class(
     gpu_class: str,
 ) -> None:
     pod = gpuadm.create_pod(namespace, limits, annotations=annotations)
-    assert fits_outside(pod["spec"]["containers"][0]["resources"]["requests"], gpu_class)
+    assert fits_outside(
+        TEST_POOLS, pod["spec"]["containers"][0]["resources"]["requests"], gpu_class
+    )
     node = scheduler.node_of(namespace, pod["metadata"]["name"])
     assert node in nodes_of(TEST_POOLS, gpu_class)
 
