@@ -19,6 +19,19 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from webhook.kube.endpoint import Endpoint, file_or_none
+from webhook.kube.errors import KubeError
+
+__all__ = [
+    "EVENT_MESSAGE_MAX",
+    "LIST_PAGE_SIZE",
+    "MANAGED_BY",
+    "Kube",
+    "KubeError",
+    "Page",
+    "connect",
+]
+
 # The label on every object gpuadm creates for itself (usage records, its TLS Secret).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuadm"}
 # events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
@@ -27,14 +40,6 @@ EVENT_MESSAGE_MAX = 1024
 # Pods per page of a full list: large enough that 100,000 pods take 200 round trips, small
 # enough that one page (about 5 MiB of typical pods) never strains the apiserver or us.
 LIST_PAGE_SIZE = 500
-
-
-class KubeError(Exception):
-    """A call to the apiserver failed; `status` is the HTTP status, 0 if none came back."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(f"{status}: {message}" if status else message)
-        self.status = status
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +70,27 @@ class Kube:
     def __init__(self, client: kubernetes.client.ApiClient) -> None:
         self._core = kubernetes.client.CoreV1Api(client)
         self._admission = kubernetes.client.AdmissionregistrationV1Api(client)
+        self._configuration = client.configuration
+
+    def endpoint(self) -> Endpoint:
+        """Return the apiserver's address and credentials, for the calls made from the loop."""
+        configuration = self._configuration
+
+        def authorization() -> str | None:
+            # As the client itself builds the header: through its refresh hook, so that a
+            # rotated service-account token is used.
+            setting = configuration.auth_settings().get("BearerToken") or {}
+            value = setting.get("value")
+            return str(value) if value else None
+
+        return Endpoint(
+            host=str(configuration.host).rstrip("/"),
+            ca_file=file_or_none(configuration.ssl_ca_cert),
+            cert_file=file_or_none(configuration.cert_file),
+            key_file=file_or_none(configuration.key_file),
+            verify=bool(configuration.verify_ssl),
+            authorization=authorization,
+        )
 
     def list_pods(
         self, *, label_selector: str = "", limit: int = LIST_PAGE_SIZE, token: str | None = None

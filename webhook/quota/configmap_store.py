@@ -13,6 +13,7 @@ from typing import Any
 import orjson
 
 from webhook.kube.client import MANAGED_BY, Kube, KubeError
+from webhook.kube.rest import AsyncApi
 from webhook.quota.reservations import EMPTY, Conflict, Record, Reservation
 
 DATA_KEY = "reservations.json"
@@ -29,15 +30,16 @@ def record_name(namespace: str) -> str:
 class ConfigMapStore:
     """A `ReservationStore` on ConfigMaps in gpuadm's namespace."""
 
-    def __init__(self, kube: Kube, namespace: str) -> None:
+    def __init__(self, kube: Kube, api: AsyncApi, namespace: str) -> None:
+        """Keep records in `namespace`: reads and writes on the admission path through `api`,
+        listing and deleting (pruning, off that path) through `kube`."""
         self.kube = kube
+        self.api = api
         self.namespace = namespace
 
     async def read(self, namespace: str) -> Record:
         """Return the tenant namespace's record; a missing ConfigMap is an empty record."""
-        found = await asyncio.to_thread(
-            self.kube.get_configmap, self.namespace, record_name(namespace)
-        )
+        found = await self.api.get_configmap(self.namespace, record_name(namespace))
         if found is None:
             return EMPTY
         raw = orjson.loads((found.get("data") or {}).get(DATA_KEY) or "{}")
@@ -65,9 +67,9 @@ class ConfigMapStore:
                 ).decode()
             },
         }
-        call = self.kube.create_configmap if version is None else self.kube.replace_configmap
+        call = self.api.create_configmap if version is None else self.api.replace_configmap
         try:
-            stored = await asyncio.to_thread(call, self.namespace, body)
+            stored = await call(self.namespace, body)
         except KubeError as error:
             if error.status == 409:
                 raise Conflict(namespace) from None

@@ -8,11 +8,10 @@ or metric series behind.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 
-from webhook.kube.client import Kube
+from webhook.kube.rest import AsyncApi
 
 # A namespace seen to exist is taken to exist this long without asking again. Deleting a
 # namespace takes its pods with it, so a stale "exists" costs at most a short-lived record.
@@ -24,13 +23,13 @@ class KnownNamespaces:
 
     def __init__(
         self,
-        kube: Kube,
+        api: AsyncApi,
         *,
         clock: Callable[[], float] = time.monotonic,
         remember_seconds: float = REMEMBER_SECONDS,
     ) -> None:
-        """Ask through `kube`; remember an existing namespace for `remember_seconds`."""
-        self.kube = kube
+        """Ask through `api`; remember an existing namespace for `remember_seconds`."""
+        self.api = api
         self.clock = clock
         self.remember_seconds = remember_seconds
         # Only namespaces that exist are remembered, so this holds at most the cluster's own.
@@ -42,7 +41,7 @@ class KnownNamespaces:
         seen = self._seen.get(name)
         if seen is not None and now - seen < self.remember_seconds:
             return True
-        found = await asyncio.to_thread(self.kube.get_namespace, name)
+        found = await self.api.get_namespace(name)
         if found is None:
             self._seen.pop(name, None)
             return False

@@ -13,6 +13,7 @@ from webhook.config.configmap_source import ConfigMapSource
 from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.client import Kube
+from webhook.kube.rest import AsyncApi
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.configmap_store import ConfigMapStore
@@ -80,13 +81,14 @@ def cluster_app(
     usage = UsageIndex()
     pods = PodWatcher(kube, usage, holder, metrics)
     config = ConfigMapSource(kube, settings.namespace, holder, on_policy_change=pods.request_relist)
+    api = AsyncApi(kube.endpoint())
     ledger = QuotaLedger(
         usage,
-        ConfigMapStore(kube, settings.namespace),
+        ConfigMapStore(kube, api, settings.namespace),
         pods_visible=True,
         usage_ready=pods.ready,
         metrics=metrics,
-        namespace_exists=KnownNamespaces(kube).exists,
+        namespace_exists=KnownNamespaces(api).exists,
     )
     metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
@@ -101,6 +103,7 @@ def cluster_app(
             Background("configmaps", config.run),
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger)),
+            Background("apiserver-session", api.hold_open),
             *extra,
         ],
         readiness=[config.not_ready_reason, pods.not_ready_reason],

@@ -1,0 +1,116 @@
+"""The calls on the admission path, made straight to the apiserver from the event loop.
+
+A quota admission reads and writes the namespace's usage record, and asks whether the
+namespace exists, while the apiserver waits for the answer. The official client is
+synchronous: every call would hop to a worker thread and through its object machinery.
+These few calls go over one keep-alive aiohttp session instead, with the same server,
+CA, client certificate and token (re-read on each call, so rotated tokens are used).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+import orjson
+
+from webhook.kube.endpoint import Endpoint
+from webhook.kube.errors import KubeError
+
+# Connections kept open to the apiserver: enough for a burst's record writes and namespace
+# checks to overlap, few enough not to matter to the apiserver.
+MAX_CONNECTIONS = 8
+# An admission must be answered within the webhook timeout (5 s in the shipped
+# configurations); a call that takes longer has failed for that admission anyway.
+CALL_TIMEOUT_SECONDS = 4.0
+
+
+class AsyncApi:
+    """ConfigMap and Namespace calls over one session, opened on first use."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        """Call the apiserver at `endpoint`."""
+        self.endpoint = endpoint
+        self._session: aiohttp.ClientSession | None = None
+
+    async def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a ConfigMap, or None if it does not exist."""
+        return await self._call_or_none("GET", _configmap_path(namespace, name))
+
+    async def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ConfigMap; a 409 means someone created it first."""
+        return await self._call("POST", _configmap_path(namespace), body)
+
+    async def replace_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a ConfigMap at the resourceVersion in `body`; a 409 means it changed."""
+        path = _configmap_path(namespace, body["metadata"]["name"])
+        return await self._call("PUT", path, body)
+
+    async def get_namespace(self, name: str) -> dict[str, Any] | None:
+        """Return a Namespace, or None if it does not exist."""
+        return await self._call_or_none("GET", f"/api/v1/namespaces/{quote(name, safe='')}")
+
+    async def hold_open(self) -> None:
+        """Keep the session for the life of the app; close it when cancelled."""
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if self._session is not None:
+                await self._session.close()
+
+    async def _call_or_none(self, method: str, path: str) -> dict[str, Any] | None:
+        try:
+            return await self._call(method, path)
+        except KubeError as error:
+            if error.status == 404:
+                return None
+            raise
+
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        headers = {"Accept": "application/json"}
+        if (authorization := self.endpoint.authorization()) is not None:
+            headers["Authorization"] = authorization
+        data = None
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+            data = orjson.dumps(body)
+        try:
+            async with self._open().request(
+                method, self.endpoint.host + path, data=data, headers=headers
+            ) as response:
+                payload = await response.read()
+                status = response.status
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeError(0, f"{method} {path}: {error or type(error).__name__}") from None
+        if status >= 400:
+            raise KubeError(status, _message(payload, status))
+        result: dict[str, Any] = orjson.loads(payload)
+        return result
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self.endpoint.ssl_context(), limit=MAX_CONNECTIONS)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_SECONDS),
+                trust_env=False,
+            )
+        return self._session
+
+
+def _configmap_path(namespace: str, name: str | None = None) -> str:
+    path = f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps"
+    return path if name is None else f"{path}/{quote(name, safe='')}"
+
+
+def _message(payload: bytes, status: int) -> str:
+    with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
+        message = orjson.loads(payload).get("message")
+        if message:
+            return str(message)
+    return f"HTTP {status}"
