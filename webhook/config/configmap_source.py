@@ -14,7 +14,7 @@ from typing import Any
 
 from policies import ConfigError
 from webhook.config.snapshot import POLICY_PART, QUOTAS_PART, ConfigHolder, snapshot_from_text
-from webhook.kube.client import Kube, KubeError
+from webhook.kube.client import USAGE_RECORD_LABEL, Kube, KubeError
 from webhook.kube.retry import retry_forever
 from webhook.kube.watch import Event, consume_watch
 
@@ -23,6 +23,9 @@ log = logging.getLogger("gpuadm.config")
 POLICY_MAP, POLICY_KEY = POLICY_PART, "policy.yaml"
 QUOTAS_MAP, QUOTAS_KEY = QUOTAS_PART, "quotas.yaml"
 WATCHED = (POLICY_MAP, QUOTAS_MAP)
+# The usage records live in the same namespace and are rewritten on every admission under
+# quota; without this selector each write would reach every replica's config watch.
+NOT_A_USAGE_RECORD = f"!{USAGE_RECORD_LABEL}"
 
 
 class ConfigMapSource:
@@ -61,7 +64,9 @@ class ConfigMapSource:
         await retry_forever(self._list_and_watch, what="ConfigMap watch", log=log)
 
     async def _list_and_watch(self, healthy: Callable[[], None]) -> None:
-        page = await asyncio.to_thread(self.kube.list_configmaps, self.namespace)
+        page = await asyncio.to_thread(
+            self.kube.list_configmaps, self.namespace, label_selector=NOT_A_USAGE_RECORD
+        )
         self._maps = {
             m["metadata"]["name"]: m for m in page.items if m["metadata"]["name"] in WATCHED
         }
@@ -92,7 +97,10 @@ class ConfigMapSource:
 
         await consume_watch(
             lambda: self.kube.watch_configmaps(
-                self.namespace, resource_version=version, timeout_seconds=self.watch_seconds
+                self.namespace,
+                resource_version=version,
+                timeout_seconds=self.watch_seconds,
+                label_selector=NOT_A_USAGE_RECORD,
             ),
             handle,
         )

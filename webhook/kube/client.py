@@ -26,6 +26,7 @@ __all__ = [
     "EVENT_MESSAGE_MAX",
     "LIST_PAGE_SIZE",
     "MANAGED_BY",
+    "USAGE_RECORD_LABEL",
     "Kube",
     "KubeError",
     "Page",
@@ -34,6 +35,9 @@ __all__ = [
 
 # The label on every object gpuadm creates for itself (usage records, its TLS Secret).
 MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuadm"}
+# The label that marks a usage record and names its tenant namespace (a ConfigMap's name
+# may be cut; a label value holds the whole namespace name).
+USAGE_RECORD_LABEL = "gpuadm.io/usage-for"
 # events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
 # that the same Event is valid through either API and `kubectl describe` stays readable.
 EVENT_MESSAGE_MAX = 1024
@@ -128,12 +132,18 @@ class Kube:
         return Page(body.get("items") or [], metadata.get("resourceVersion", ""), None)
 
     def watch_configmaps(
-        self, namespace: str, *, resource_version: str, timeout_seconds: int
+        self,
+        namespace: str,
+        *,
+        resource_version: str,
+        timeout_seconds: int,
+        label_selector: str = "",
     ) -> Iterator[dict[str, Any]]:
         """Yield watch events for the ConfigMaps of a namespace."""
         return self._watch(
             self._core.list_namespaced_config_map,
             namespace,
+            label_selector=label_selector,
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
             allow_watch_bookmarks=True,

@@ -12,14 +12,11 @@ from typing import Any
 
 import orjson
 
-from webhook.kube.client import MANAGED_BY, Kube, KubeError
+from webhook.kube.client import MANAGED_BY, USAGE_RECORD_LABEL, Kube, KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.quota.reservations import EMPTY, Conflict, Record, Reservation
 
 DATA_KEY = "reservations.json"
-# The label that marks a record and names its tenant namespace (a name may be cut, a label
-# value is the whole namespace name).
-USAGE_FOR = "gpuadm.io/usage-for"
 
 
 def record_name(namespace: str) -> str:
@@ -53,7 +50,7 @@ class ConfigMapStore:
         metadata: dict[str, Any] = {
             "name": record_name(namespace),
             "namespace": self.namespace,
-            "labels": {**MANAGED_BY, USAGE_FOR: namespace},
+            "labels": {**MANAGED_BY, USAGE_RECORD_LABEL: namespace},
         }
         if version is not None:
             metadata["resourceVersion"] = version
@@ -94,6 +91,6 @@ class ConfigMapStore:
     async def namespaces(self) -> list[str]:
         """Return the tenant namespaces that have a record, by the records' label."""
         page = await asyncio.to_thread(
-            self.kube.list_configmaps, self.namespace, label_selector=USAGE_FOR
+            self.kube.list_configmaps, self.namespace, label_selector=USAGE_RECORD_LABEL
         )
-        return [str(m["metadata"]["labels"][USAGE_FOR]) for m in page.items]
+        return [str(m["metadata"]["labels"][USAGE_RECORD_LABEL]) for m in page.items]
