@@ -55,23 +55,35 @@ def check_metadata(pod: Mapping[str, Any], *, whose: str = "") -> None:
     """
     metadata = _object(pod.get("metadata"), f"{whose}metadata")
     for field in ("name", "generateName", "namespace", "uid"):
-        _string(metadata.get(field), f"{whose}metadata.{field}")
+        if not _is_text(metadata.get(field)):
+            _string(metadata.get(field), f"{whose}metadata.{field}")
     for field in ("labels", "annotations"):
         values = _object(metadata.get(field), f"{whose}metadata.{field}", "an object of strings")
+        # Every pod has labels and annotations; the messages are written only for a bad one.
         for key, value in values.items():
-            _key(key, f"{whose}metadata.{field}")
-            _string(value, f"{whose}metadata.{field}[{shown(key)}]", allow_null=False)
+            if type(key) is not str or type(value) is not str:
+                _key(key, f"{whose}metadata.{field}")
+                _string(value, f"{whose}metadata.{field}[{shown(key)}]", allow_null=False)
 
 
 def _check_container(container: object, kind: str, index: int) -> None:
-    field = f"spec.{kind}[{index}]"
-    container = _item(container, field, "a container (an object with a name)")
+    if type(container) is not dict:
+        container = _item(container, f"spec.{kind}[{index}]", "a container (an object with a name)")
     name = container.get("name")
+    restart_policy = container.get("restartPolicy")
+    resources = container.get("resources")
+    if (
+        _is_text(name)
+        and _is_text(restart_policy)
+        and (resources is None or _plain_resources(resources))
+    ):
+        return  # every container of every pod the apiserver sends: nothing to name
+    field = f"spec.{kind}[{index}]"
     _string(name, f"{field}.name")
     what = "container" if kind == "containers" else "init container"
     where = f'{what} "{clipped(name)}"' if name else field
-    _string(container.get("restartPolicy"), f"{where}: restartPolicy")
-    resources = _object(container.get("resources"), f"{where}: resources")
+    _string(restart_policy, f"{where}: restartPolicy")
+    resources = _object(resources, f"{where}: resources")
     for side in ("limits", "requests"):
         for key, value in _object(resources.get(side), f"{where}: resources.{side}").items():
             _key(key, f"{where}: resources.{side}")
@@ -86,6 +98,31 @@ def _check_container(container: object, kind: str, index: int) -> None:
                     f"quantity ({QUANTITY_TYPES})"
                 )
     _bounded(resources, f"{where}: resources")
+
+
+def _is_text(value: object) -> bool:
+    return value is None or type(value) is str
+
+
+def _plain_resources(resources: object) -> bool:
+    """Tell whether resources are as the apiserver sends them: limits and requests that map
+    short names to quantities, and claims, a list of objects of strings, nothing deeper."""
+    if type(resources) is not dict:
+        return False
+    for side, amounts in resources.items():
+        if side in ("limits", "requests"):
+            if amounts is None:
+                continue
+            if type(amounts) is not dict:
+                return False
+            for key, value in amounts.items():
+                if type(key) is not str or len(key) > MAX_RESOURCE_NAME:
+                    return False
+                if type(value) not in (str, int, float):
+                    return False
+        elif _nests_deeper(amounts, MAX_NESTING - 1):
+            return False
+    return True
 
 
 def _check_affinity(value: object) -> None:
@@ -105,6 +142,8 @@ def _check_affinity(value: object) -> None:
 
 def _object(value: object, field: str, what: str = "an object") -> Mapping[str, Any]:
     """Return an optional object's value, empty if absent or null; refuse any other type."""
+    if type(value) is dict:
+        return value
     if value is None:
         return {}
     if not isinstance(value, Mapping):
@@ -114,6 +153,8 @@ def _object(value: object, field: str, what: str = "an object") -> Mapping[str, 
 
 def _list(value: object, field: str) -> list[Any]:
     """Return an optional list's value, empty if absent or null; refuse any other type."""
+    if type(value) is list:
+        return value
     if value is None:
         return []
     if not isinstance(value, list):
@@ -156,6 +197,8 @@ def _nests_deeper(value: object, levels: int) -> bool:
     It stops looking at that depth, so its cost and its recursion are bounded by `levels`.
     """
     children: Iterable[object]
+    if type(value) is str or value is None:
+        return False
     if isinstance(value, Mapping):
         children = value.values()
     elif isinstance(value, list):
