@@ -90,7 +90,7 @@ def cluster_app(
         metrics=metrics,
         namespace_exists=KnownNamespaces(api).exists,
     )
-    metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
+    export_quota(metrics, ledger, holder)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return create_app(
         settings,
