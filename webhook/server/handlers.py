@@ -13,11 +13,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -79,18 +78,12 @@ class ReviewEndpoint:
             return self._bad_request(
                 401, "a client certificate signed by gpuadm's --client-ca-file is required"
             )
-        async with self._one_of_few_if_large(request):
-            return await self._serve(request, started)
-
-    @contextlib.asynccontextmanager
-    async def _one_of_few_if_large(self, request: web.Request) -> AsyncIterator[None]:
         # The apiserver always sends a Content-Length; a body without one may be any size.
         length = request.content_length
         if length is not None and length < LARGE_REVIEW_BYTES:
-            yield
-            return
+            return await self._serve(request, started)
         async with self._large:
-            yield
+            return await self._serve(request, started)
 
     async def _serve(self, request: web.Request, started: float) -> web.Response:
         try:
