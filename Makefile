@@ -54,7 +54,9 @@ test-fast: $(STAMP) tools
 dev-cluster: $(STAMP) controlplane
 	$(BIN)/python -m tests.e2e.dev_cluster
 
+# vegeta, the compiled load generator, is built once from its Go module like the tools above.
 bench: $(STAMP) controlplane
+	bash bench/tools.sh >/dev/null
 	$(BIN)/python -m bench
 
 clean:

@@ -1,77 +1,191 @@
-"""Pod-create latency through a real kube-apiserver, without and with gpuadm's webhooks."""
+"""Pod creates through a real kube-apiserver: gpuadm's quota beside the native ResourceQuota.
+
+Every namespace is made before gpuadm starts, each for one kind of create:
+
+| kind     | pods ask for      | what admits them                                              |
+|----------|-------------------|---------------------------------------------------------------|
+| `plain`  | `example.com/gpu` | the apiserver alone: gpuadm's webhooks never see this resource |
+| `native` | `example.com/gpu` | the apiserver's ResourceQuota admission                       |
+| `noop`   | `example.com/gpu` | two webhooks that do nothing, then the ResourceQuota          |
+| `open`   | `gpuadm.io/h100`  | gpuadm's two webhooks, no quota                               |
+| `gated`  | `gpuadm.io/h100`  | gpuadm's two webhooks and its quota (a record write)          |
+
+Sequential creates go to one namespace of each kind, whose quota is never reached; bursts
+go to fresh namespaces, one per burst, whose quota 150 of the burst's 200 pods fit.
+Because gpuadm's webhooks never see `example.com/gpu`, every kind is measured with gpuadm
+registered, taking turns, so that the machine's changing load falls on all of them alike.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 import tempfile
-import time
 from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 
+from bench.creates import Burst, PodCreator, interleaved_latencies, one_gpu_pods
+from bench.server import serving_bare
+from bench.webhooks import NOOP_LABEL, REPLICAS, gpuadm_replicas, register_noop_webhooks
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import pod_body
-from tests.e2e.gpuadm import (
-    NAMESPACE,
-    GpuadmProcess,
-    make_tls,
-    put_configmap,
-    register_webhooks,
-    wait_for_quotas,
-    wait_until,
-)
+from tests.e2e.fixtures import Deployment
+from tests.e2e.gpuadm import NAMESPACE, put_configmap
+
+NATIVE_RESOURCE = "example.com/gpu"
+GPUADM_RESOURCE = "gpuadm.io/h100"
+BURST = 200
+FIT = 150
+# The sequential namespaces' quotas: never reached, so that every create pays the check.
+ROOMY = 1_000_000
+# Where each kind of sequential create goes, and what its pods ask for.
+SEQUENTIAL = {
+    "plain": ("plain", NATIVE_RESOURCE),
+    "native": ("native", NATIVE_RESOURCE),
+    "noop": ("noop", NATIVE_RESOURCE),
+    "open": ("open", GPUADM_RESOURCE),
+    "gated": ("gated", GPUADM_RESOURCE),
+}
+# Each kind of burst: what its pods ask for, and how many gpuadm replicas answer (0: none).
+BURSTS = {
+    "native": (NATIVE_RESOURCE, 0),
+    "noop": (NATIVE_RESOURCE, 0),
+    "gpuadm-1": (GPUADM_RESOURCE, 1),
+    f"gpuadm-{REPLICAS}": (GPUADM_RESOURCE, REPLICAS),
+}
+WARMUP_CREATES = 10
 
 
-def create_latencies(
-    core: kubernetes.client.CoreV1Api, namespace: str, count: int, prefix: str
-) -> list[float]:
-    """Create `count` one-GPU pods one after another; return each create's latency."""
-    latencies = []
-    for index in range(count):
-        body = pod_body({"gpuadm.io/h100": "1"}, name=f"{prefix}-{index}")
-        started = time.perf_counter()
-        core.create_namespaced_pod(namespace, body, _preload_content=False)
-        latencies.append(time.perf_counter() - started)
-    return latencies
-
-
-def measure(count: int = 200) -> dict[str, float]:
-    """Return median create latencies without gpuadm, with it in a namespace without quota,
-    and with it in a namespace under quota (where each admission also writes a reservation)."""
+def measure(*, count: int, rounds: int) -> dict[str, Any]:
+    """Return median sequential create latencies by kind, and `rounds` bursts of each kind."""
+    bursts = {kind: [f"burst-{kind}-{n}" for n in range(rounds)] for kind in BURSTS}
     with (
         ControlPlane() as plane,
         tempfile.TemporaryDirectory() as workdir,
         plane.api_client() as api,
+        serving_bare(Path(workdir) / "noop") as noop,
     ):
-        core = kubernetes.client.CoreV1Api(api)
-        for name in ("bare", "open", "gated", NAMESPACE):
-            core.create_namespace({"metadata": {"name": name}})
-        create_latencies(core, "bare", 20, "warm")  # warm the apiserver's caches
-        without = create_latencies(core, "bare", count, "p")
+        quotas = prepare_namespaces(kubernetes.client.CoreV1Api(api), bursts)
+        register_noop_webhooks(api, noop, probe_namespace="noop")
+        with gpuadm_replicas(
+            plane,
+            api,
+            Path(workdir),
+            quotas=quotas,
+            probe_namespace="open",
+            probe_resource=GPUADM_RESOURCE,
+        ) as deployment:
+            return asyncio.run(_measure(plane, deployment, bursts, count=count))
 
-        tls = make_tls(Path(workdir) / "tls")
-        put_configmap(core, "gpuadm-policy", "policy.yaml", POLICY_YAML)
-        quotas = "namespaces:\n  gated: {h100: 100000}\n"
-        put_configmap(core, "gpuadm-quotas", "quotas.yaml", quotas)
-        gpuadm = GpuadmProcess(plane, tls, Path(workdir), 0)
-        gpuadm.start()
-        try:
-            wait_until(gpuadm.ready, "gpuadm ready", gpuadm.log_tail)
-            wait_for_quotas([gpuadm], quotas)
-            url = f"https://127.0.0.1:{gpuadm.port}"
-            register_webhooks(
-                api, tls.ca_file, mutate_url=f"{url}/mutate", validate_url=f"{url}/validate"
-            )
-            create_latencies(core, "open", 20, "warm")
-            without_quota = create_latencies(core, "open", count, "p")
-            create_latencies(core, "gated", 20, "warm")
-            with_gpuadm = create_latencies(core, "gated", count, "p")
-        finally:
-            gpuadm.stop()
+
+async def _measure(
+    plane: ControlPlane, deployment: Deployment, bursts: dict[str, list[str]], *, count: int
+) -> dict[str, Any]:
+    async with PodCreator(plane, connections=BURST) as creator:
+        await creator.open_connections()
+        await interleaved_latencies(creator, SEQUENTIAL, count=WARMUP_CREATES, prefix="warm")
+        latencies = await interleaved_latencies(creator, SEQUENTIAL, count=count, prefix="seq")
+        burst_figures: dict[str, list[dict[str, Any]]] = {kind: [] for kind in BURSTS}
+        for round_ in range(len(bursts["native"])):
+            for kind, (resource, replicas) in BURSTS.items():
+                namespace = bursts[kind][round_]
+                figures = await measured_burst(creator, deployment, namespace, resource, replicas)
+                burst_figures[kind].append(figures)
     return {
-        "without_ms": statistics.median(without) * 1000,
-        "with_no_quota_ms": statistics.median(without_quota) * 1000,
-        "with_ms": statistics.median(with_gpuadm) * 1000,
-        "count": count,
+        "sequential_ms": {
+            kind: statistics.median(values) * 1000 for kind, values in latencies.items()
+        },
+        # Whether a kind slows down as its namespace fills: gpuadm's record grows by a
+        # reservation per create, kept for the reservations' time to live.
+        "sequential_ms_by_quarter": {
+            kind: [statistics.median(part) * 1000 for part in _quarters(values)]
+            for kind, values in latencies.items()
+        },
+        "sequential_count": count,
+        "burst_size": BURST,
+        "burst_fit": FIT,
+        "bursts": burst_figures,
     }
+
+
+async def measured_burst(
+    creator: PodCreator, deployment: Deployment, namespace: str, resource: str, replicas: int
+) -> dict[str, Any]:
+    """Send a burst of creates to a namespace that `FIT` of them fit; say what was stored."""
+    if replicas:
+        # Cut the apiserver's connections to gpuadm, so that new ones spread over the replicas.
+        deployment.route(0)
+        deployment.route(replicas)
+    # A dry run of the same burst first: the apiserver opens its connections to the webhooks
+    # and gpuadm learns the namespace, as in a cluster that has been running; nothing is
+    # stored.
+    warmup = await creator.burst(namespace, one_gpu_pods(resource, "dry", BURST), dry_run=True)
+    conflicts_before = _conflicts(deployment)
+    burst = await creator.burst(namespace, one_gpu_pods(resource, "pod", BURST), dry_run=False)
+    return {
+        "seconds": burst.seconds,
+        "admitted": burst.admitted,
+        "stored": await creator.count_pods(namespace),
+        "statuses": _by_status(burst),
+        "dry_run_statuses": _by_status(warmup),
+        "record_conflicts": _conflicts(deployment) - conflicts_before,
+    }
+
+
+def _quarters(values: list[float]) -> list[list[float]]:
+    size = max(1, len(values) // 4)
+    return [values[start : start + size] for start in range(0, size * 4, size)]
+
+
+def _by_status(burst: Burst) -> dict[str, int]:
+    return {str(status): count for status, count in sorted(burst.statuses.items())}
+
+
+def _conflicts(deployment: Deployment) -> float:
+    return sum(p.metric("gpuadm_quota_record_conflicts_total") for p in deployment.processes)
+
+
+def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list[str]]) -> str:
+    """Make every namespace and native quota; return gpuadm's quota config for its own."""
+    gpuadm_limits = {"gated": ROOMY}
+    for name in (NAMESPACE, "plain", "open", "gated"):
+        core.create_namespace({"metadata": {"name": name}})
+    native_quota(core, "native", ROOMY)
+    native_quota(core, "noop", ROOMY, labels={NOOP_LABEL: "true"})
+    for kind, names in bursts.items():
+        for name in names:
+            if BURSTS[kind][1]:
+                core.create_namespace({"metadata": {"name": name}})
+                gpuadm_limits[name] = FIT
+            else:
+                labels = {NOOP_LABEL: "true"} if kind == "noop" else {}
+                native_quota(core, name, FIT, labels=labels)
+    put_configmap(core, "gpuadm-policy", "policy.yaml", POLICY_YAML)
+    return "namespaces:\n" + "".join(
+        f"  {name}: {{h100: {limit}}}\n" for name, limit in gpuadm_limits.items()
+    )
+
+
+def native_quota(
+    core: kubernetes.client.CoreV1Api,
+    namespace: str,
+    limit: int,
+    *,
+    labels: dict[str, str] | None = None,
+) -> None:
+    """Make a namespace whose ResourceQuota allows `limit` of `NATIVE_RESOURCE`.
+
+    There is no kube-controller-manager to fill in the quota's status, and the apiserver
+    refuses every pod the quota covers until the status says what is hard and what is used,
+    so the status is written here as the controller would first write it.
+    """
+    core.create_namespace({"metadata": {"name": namespace, "labels": labels or {}}})
+    resource = f"requests.{NATIVE_RESOURCE}"
+    core.create_namespaced_resource_quota(
+        namespace, {"metadata": {"name": "gpus"}, "spec": {"hard": {resource: str(limit)}}}
+    )
+    core.patch_namespaced_resource_quota_status(
+        "gpus", namespace, {"status": {"hard": {resource: str(limit)}, "used": {resource: "0"}}}
+    )

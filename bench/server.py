@@ -1,12 +1,20 @@
-"""The servers under test, each run as its own process: gpuadm, and the bare ceiling.
+"""The two servers under test, each in its own process: gpuadm, and the bare ceiling.
 
-`python -m bench.server gpuadm|bare PORT CERT KEY [CPU]`
+gpuadm is `gpuadm serve` standalone, as `tests.support.ServeProcess` starts it: the example
+test policy, no quota limits (judgement is measured on its own, in bench.quota), and its
+audit records on stdout. The bare ceiling is this module run as
+`python -m bench.server PORT CERT KEY`: an aiohttp handler that decodes the review and allows
+it, with no patch. It is also the webhook that does nothing in the apiserver figures. Both
+run on the CPUs they inherit, which the caller pins.
 """
 
 from __future__ import annotations
 
-import os
+import contextlib
+import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -14,13 +22,59 @@ from aiohttp import web
 
 from certs import server_ssl_context
 from tests.builders import POLICY_YAML
-from webhook.config.snapshot import ConfigHolder, snapshot_from_text
-from webhook.observe.audit_log import AuditLog
-from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore
-from webhook.quota.usage import UsageIndex
-from webhook.server.app import create_app
-from webhook.server.settings import Settings
+from tests.e2e.gpuadm import make_tls
+from tests.support import ROOT, ServeProcess, free_port, wait_until_listening
+
+
+@dataclass(frozen=True)
+class Served:
+    """A server under test: where it listens, and the CA that signed its certificate."""
+
+    url: str
+    ca_file: Path
+
+
+@contextlib.contextmanager
+def serving_gpuadm(workdir: Path) -> Iterator[Served]:
+    """Run `gpuadm serve` standalone in `workdir` until the block ends."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    policy, quotas = workdir / "policy.yaml", workdir / "quotas.yaml"
+    policy.write_text(POLICY_YAML)
+    quotas.write_text("")
+    server = ServeProcess(workdir, policy, quotas)
+    try:
+        yield Served(f"https://127.0.0.1:{server.port}", server.tls_dir / "ca.crt")
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def serving_bare(workdir: Path) -> Iterator[Served]:
+    """Run the bare handler in `workdir` until the block ends."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    tls = make_tls(workdir / "tls")
+    port = free_port()
+    log_path = workdir / "bare.log"
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bench.server",
+                str(port),
+                str(tls.cert_file),
+                str(tls.key_file),
+            ],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until_listening(process, port, log_path.read_text)
+        yield Served(f"https://127.0.0.1:{port}", tls.ca_file)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
 
 
 def bare_app() -> web.Application:
@@ -41,29 +95,23 @@ def bare_app() -> web.Application:
     return app
 
 
-def gpuadm_app(audit_file: str | None = None) -> web.Application:
-    """gpuadm as `gpuadm serve` builds it standalone, audit log included (no quota limits in
-    the bench namespace: judgement is measured on its own)."""
-    snapshot = snapshot_from_text(POLICY_YAML, "", policy_source="p", quotas_source="q")
-    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
-    audit = AuditLog(audit_file) if audit_file else None
-    return create_app(Settings(), ConfigHolder(snapshot), quota=ledger, audit=audit)
-
-
 def main() -> None:
-    kind, port, cert, key = sys.argv[1:5]
-    if len(sys.argv) > 5 and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {int(sys.argv[5])})
+    """Serve the bare handler over TLS, on uvloop as `gpuadm serve` does."""
+    port, cert, key = sys.argv[1:4]
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    app = gpuadm_app(str(Path(cert).parent / "audit.log")) if kind == "gpuadm" else bare_app()
     context = server_ssl_context(Path(cert), Path(key))
     web.run_app(
-        app, host="127.0.0.1", port=int(port), ssl_context=context, print=None, access_log=None
+        bare_app(),
+        host="127.0.0.1",
+        port=int(port),
+        ssl_context=context,
+        print=None,
+        access_log=None,
     )
 
 

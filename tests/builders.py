@@ -58,6 +58,10 @@ namespaces:
 """
 
 
+# Containers in a large pod: its review is about 900 KiB, near the largest pod etcd keeps.
+LARGE_POD_CONTAINERS = 3000
+
+
 def pod(
     limits: dict[str, Any] | None = None,
     *,
@@ -109,3 +113,17 @@ def review(
         "dryRun": False,
     }
     return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
+
+
+def large_pod(tag: str) -> dict[str, Any]:
+    """Return a pod of `LARGE_POD_CONTAINERS` containers that each ask for half an A100."""
+    body = pod({})
+    body["spec"]["containers"] = [
+        container(
+            f"c{index}-{tag}",
+            {"gpuadm.io/a100": "0.5"},
+            env=[{"name": f"VAR_{n}", "value": "x" * 20} for n in range(3)],
+        )
+        for index in range(LARGE_POD_CONTAINERS)
+    ]
+    return body

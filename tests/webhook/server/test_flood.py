@@ -19,13 +19,11 @@ import aiohttp
 import orjson
 import pytest
 
-from tests.builders import POLICY_YAML, QUOTAS_YAML, container, pod, review
+from tests.builders import POLICY_YAML, QUOTAS_YAML, large_pod, pod, review
 from tests.support import ServeProcess
 from webhook.config.plan_memo import MAX_MEMO_BYTES
 
 MiB = 1024 * 1024
-# Containers in one flood pod: its review is about 900 KiB, near the largest pod etcd keeps.
-CONTAINERS = 3000
 FLOOD_PODS = 12
 # Before the memo was bounded in bytes, each of these pods stayed in memory at 4 to 6 MiB,
 # so two floods grew the process by about 100 MiB. Now the first floods set the working set
@@ -34,20 +32,6 @@ FLOOD_PODS = 12
 SETTLING_FLOODS = 2
 MEASURED_FLOODS = 2
 ALLOWED_GROWTH = 32 * MiB
-
-
-def large_pod(tag: str) -> dict[str, Any]:
-    """Return a pod of `CONTAINERS` containers that each ask for half an A100."""
-    body = pod({})
-    body["spec"]["containers"] = [
-        container(
-            f"c{index}-{tag}",
-            {"gpuadm.io/a100": "0.5"},
-            env=[{"name": f"VAR_{n}", "value": "x" * 20} for n in range(3)],
-        )
-        for index in range(CONTAINERS)
-    ]
-    return body
 
 
 @pytest.fixture

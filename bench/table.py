@@ -1,0 +1,189 @@
+"""The one table of the benchmark: every figure beside its anchor, the ratio, and its target.
+
+Each row compares a figure with its anchor measured in the same run. A target is met or not
+on that comparison alone; rows without a target give context to the others.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Row:
+    """One figure: its value, its anchor, its target in words, and whether it is met."""
+
+    figure: str
+    value: float
+    anchor: float
+    target: str = ""
+    met: bool | None = None
+    note: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """Return value / anchor."""
+        return self.value / self.anchor if self.anchor else float("inf")
+
+    def as_dict(self) -> dict[str, Any]:
+        """Return the row for the results file, ratio included."""
+        return {**asdict(self), "ratio": self.ratio}
+
+
+def ratio_at_least(figure: str, value: float, anchor: float, limit: float) -> Row:
+    """A figure that should be at least `limit` times its anchor."""
+    return Row(figure, value, anchor, f"ratio >= {limit}", value / anchor >= limit)
+
+
+def ratio_at_most(figure: str, value: float, anchor: float, limit: float) -> Row:
+    """A figure that should be at most `limit` times its anchor."""
+    return Row(figure, value, anchor, f"ratio <= {limit}", value <= anchor * limit)
+
+
+def added_at_most(figure: str, value: float, anchor: float, limit: float) -> Row:
+    """A latency that should add at most `limit` ms to its anchor's."""
+    added = value - anchor
+    return Row(figure, value, anchor, f"added <= {limit:g} ms", added <= limit, f"{added:+.2f} ms")
+
+
+def below(figure: str, value: float, anchor: float, limit: float, unit: str) -> Row:
+    """A figure that should stay under an absolute `limit`; the anchor is for context."""
+    return Row(figure, value, anchor, f"< {limit:g} {unit}", value < limit)
+
+
+def context(figure: str, value: float, anchor: float, *, added: bool = False) -> Row:
+    """A figure with no target of its own."""
+    return Row(figure, value, anchor, note=f"{value - anchor:+.2f} ms" if added else "")
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    """Return every row the results hold, in the order of the table."""
+    found = [*quota_rows(results["quota"])]
+    if "endpoints" in results:
+        found += endpoint_rows(results["endpoints"])
+    if "flood" in results:
+        found += flood_rows(results["flood"])
+    if "apiserver" in results:
+        found += create_rows(results["apiserver"]) + burst_rows(results["apiserver"])
+    return found
+
+
+def endpoint_rows(endpoints: dict[str, Any]) -> list[Row]:
+    """Throughput against the bare handler, and p99 at half its ceiling against its own."""
+    found = []
+    for path in ("/mutate", "/validate"):
+        figures = endpoints[path]
+        ours, bare = figures["gpuadm"], figures["bare"]
+        ours_half, bare_half = figures["gpuadm@half"], figures["bare@half"]
+        ours_own, bare_own = figures["gpuadm@half-gpuadm"], figures["bare@half-gpuadm"]
+        found += [
+            ratio_at_least(f"{path} throughput (req/s)", ours["rps"], bare["rps"], 0.85),
+            context(f"{path} p50 at full load (ms)", ours["p50_ms"], bare["p50_ms"]),
+            ratio_at_most(
+                f"{path} p99 at {bare_half['rate']:.0f}/s, half the bare ceiling (ms)",
+                ours_half["p99_ms"],
+                bare_half["p99_ms"],
+                3,
+            ),
+            context(
+                f"{path} p99 at {bare_own['rate']:.0f}/s, half gpuadm's ceiling (ms)",
+                ours_own["p99_ms"],
+                bare_own["p99_ms"],
+            ),
+        ]
+    return found
+
+
+def flood_rows(flood: dict[str, Any]) -> list[Row]:
+    """Small reviews during a flood of large distinct pods, against the same with none."""
+    rate = f"{flood['rate']:.0f}/s"
+    return [
+        context(
+            f"small /mutate p{p} at {rate}, large-pod flood (ms)",
+            flood["flood"][f"p{p}_ms"],
+            flood["quiet"][f"p{p}_ms"],
+        )
+        for p in (50, 99)
+    ]
+
+
+def quota_rows(quota: dict[str, Any]) -> list[Row]:
+    """Judgement time by tracked pods, and memory with 100,000 of them; anchor: 10 pods."""
+    judgement, rss = quota["judgement_us"], quota["rss_mb"]
+    return [
+        ratio_at_most(
+            "quota judgement, 1,000 vs 10 pods (us)", judgement["1000"], judgement["10"], 1.5
+        ),
+        ratio_at_most(
+            "quota judgement, 100,000 vs 10 pods (us)", judgement["100000"], judgement["10"], 1.5
+        ),
+        below("resident memory, 100,000 vs 10 GPU pods (MB)", rss["100000"], rss["10"], 150, "MB"),
+    ]
+
+
+def create_rows(api: dict[str, Any]) -> list[Row]:
+    """Sequential pod creates: gpuadm's quota beside the native ResourceQuota."""
+    ms = api["sequential_ms"]
+    return [
+        context(
+            "create, native ResourceQuota vs plain (ms)", ms["native"], ms["plain"], added=True
+        ),
+        context(
+            "create, two no-op webhooks + native vs native (ms)",
+            ms["noop"],
+            ms["native"],
+            added=True,
+        ),
+        context("create, gpuadm without quota vs plain (ms)", ms["open"], ms["plain"], added=True),
+        added_at_most("create, gpuadm quota vs gpuadm without (ms)", ms["gated"], ms["open"], 3),
+        added_at_most("create, gpuadm quota vs plain (ms)", ms["gated"], ms["plain"], 8),
+        context("create, gpuadm quota vs native ResourceQuota (ms)", ms["gated"], ms["native"]),
+    ]
+
+
+def burst_rows(api: dict[str, Any]) -> list[Row]:
+    """Parallel bursts: wall time against the native quota's, and exactness of each kind."""
+    bursts, size, fit = api["bursts"], api["burst_size"], api["burst_fit"]
+    native = statistics.median(b["seconds"] for b in bursts["native"])
+    noop = statistics.median(b["seconds"] for b in bursts["noop"])
+    found = [context(f"burst of {size}, two no-op webhooks + native vs native (s)", noop, native)]
+    for kind, runs in bursts.items():
+        if kind.startswith("gpuadm-"):
+            replicas = kind.split("-")[1]
+            seconds = statistics.median(b["seconds"] for b in runs)
+            figure = f"burst of {size}, gpuadm x{replicas} vs native (s)"
+            found.append(ratio_at_most(figure, seconds, native, 2))
+    for kind, runs in bursts.items():
+        found.append(exactness(f"burst admitted, {kind} (pods of {fit} that fit)", runs, fit))
+    return found
+
+
+def exactness(figure: str, runs: list[dict[str, Any]], fit: int) -> Row:
+    """Admitted == fit in every run, and as many pods stored as admitted.
+
+    The value shown is the run farthest from exact.
+    """
+    worst = max(runs, key=lambda run: abs(run["admitted"] - fit))
+    exact = all(run["admitted"] == fit == run["stored"] for run in runs)
+    return Row(figure, worst["admitted"], fit, "admitted == fit", exact)
+
+
+def render(found: list[Row]) -> str:
+    """Return the rows as a fixed-width text table."""
+    lines = [f"{'figure':<56}{'value':>10}{'anchor':>10}{'ratio':>8}  {'target':<18}met"]
+    for row in found:
+        met = {True: "yes", False: "NO", None: ""}[row.met]
+        lines.append(
+            f"{row.figure:<56}{_number(row.value):>10}{_number(row.anchor):>10}"
+            f"{row.ratio:>8.2f}  {row.target:<18}{met} {row.note}".rstrip()
+        )
+    return "\n".join(lines)
+
+
+def _number(value: float) -> str:
+    """Show a figure with the digits that mean something at its size."""
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"

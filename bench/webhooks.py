@@ -1,0 +1,170 @@
+"""Who answers the apiserver's webhook calls in the benchmark.
+
+- gpuadm: `REPLICAS` `gpuadm serve` processes in cluster mode behind the end-to-end suite's
+  balancer, registered with the webhook configurations deploy/ ships, as the suite does.
+- Two webhooks that do nothing: the bench's bare handler, registered for the namespaces that
+  carry `NOOP_LABEL`. A create through them pays the two round trips that any admission
+  webhook costs the apiserver, and nothing else, which splits gpuadm's overhead into what
+  being a webhook costs and what gpuadm does.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+
+from bench.server import Served
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.fixtures import Deployment, pod_body
+from tests.e2e.gpuadm import (
+    Balancer,
+    GpuadmProcess,
+    make_tls,
+    put_configmap,
+    register_webhooks,
+    wait_for_quotas,
+    wait_until,
+)
+
+REPLICAS = 3
+NOOP_LABEL = "bench.gpuadm.io/noop-webhooks"
+NOOP_NAMES = {
+    "Mutating": "mutate.noop.bench.gpuadm.io",
+    "Validating": "validate.noop.bench.gpuadm.io",
+}
+RELAYS_ENDING_SECONDS = 0.5
+# The apiserver's own count of the calls it made to each admission webhook.
+WEBHOOK_CALLS = "apiserver_admission_webhook_admission_duration_seconds_count{"
+
+
+@contextlib.contextmanager
+def gpuadm_replicas(
+    plane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    workdir: Path,
+    *,
+    quotas: str,
+    probe_namespace: str,
+    probe_resource: str,
+) -> Iterator[Deployment]:
+    """Run gpuadm's replicas with `quotas`, registered as shipped, routed to one replica.
+
+    Yields once a create in `probe_namespace` asking for `probe_resource` reaches gpuadm.
+    """
+    core = kubernetes.client.CoreV1Api(api)
+    tls = make_tls(workdir / "tls")
+    put_configmap(core, "gpuadm-quotas", "quotas.yaml", quotas)
+    processes = [GpuadmProcess(plane, tls, workdir, index) for index in range(REPLICAS)]
+    balancer = Balancer()
+    balancer.start()
+    try:
+        for process in processes:
+            process.start()
+        deployment = Deployment(processes, balancer, core, api, tls.ca_file)
+        for process in processes:
+            wait_until(process.ready, f"gpuadm on port {process.port} ready", process.log_tail)
+        wait_for_quotas(processes, quotas)
+        deployment.route(1)
+        register_webhooks(
+            api,
+            tls.ca_file,
+            mutate_url=f"{deployment.url}/mutate",
+            validate_url=f"{deployment.url}/validate",
+        )
+
+        def in_force() -> bool:
+            before = deployment.reviews()
+            deployment.create_pod(probe_namespace, {probe_resource: "1"}, dry_run=True)
+            return deployment.reviews() > before
+
+        wait_until(in_force, "gpuadm's webhooks in force")
+        yield deployment
+    except Exception:
+        # The logs go with the temporary folder: show how each replica's ended first.
+        for process in processes:
+            print(f"--- gpuadm on port {process.port} ---\n{process.log_tail()}", file=sys.stderr)
+        raise
+    finally:
+        # Cut every connection, and give the relays a moment to end on their own: Python
+        # 3.11 logs a traceback for each connection handler that stop() has to cancel.
+        balancer.route_to([])
+        time.sleep(RELAYS_ENDING_SECONDS)
+        balancer.stop()
+        for process in processes:
+            process.stop()
+
+
+def register_noop_webhooks(
+    api: kubernetes.client.ApiClient, served: Served, *, probe_namespace: str
+) -> None:
+    """Send every pod create in a namespace labelled `NOOP_LABEL` to `served`, both ways.
+
+    Returns once a create in `probe_namespace` (which must carry the label) reaches both.
+    """
+    admission = kubernetes.client.AdmissionregistrationV1Api(api)
+    for kind, name in NOOP_NAMES.items():
+        configuration = {
+            "metadata": {"name": name},
+            "webhooks": [noop_webhook(kind, name, served)],
+        }
+        if kind == "Mutating":
+            admission.create_mutating_webhook_configuration(configuration)
+        else:
+            admission.create_validating_webhook_configuration(configuration)
+    core = kubernetes.client.CoreV1Api(api)
+
+    def in_force() -> bool:
+        before = {name: webhook_calls(api, name) for name in NOOP_NAMES.values()}
+        body = pod_body({"example.com/probe": "1"})
+        core.create_namespaced_pod(probe_namespace, body, dry_run="All")
+        return all(webhook_calls(api, name) > before[name] for name in NOOP_NAMES.values())
+
+    wait_until(in_force, "the no-op webhooks in force")
+
+
+def noop_webhook(kind: str, name: str, served: Served) -> dict[str, Any]:
+    """Return one webhook of a configuration: every pod create, in labelled namespaces."""
+    path = "/mutate" if kind == "Mutating" else "/validate"
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "clientConfig": {
+            "url": served.url + path,
+            "caBundle": base64.b64encode(served.ca_file.read_bytes()).decode(),
+        },
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "operations": ["CREATE"],
+                "scope": "Namespaced",
+            }
+        ],
+        "namespaceSelector": {"matchLabels": {NOOP_LABEL: "true"}},
+        "sideEffects": "None",
+        "timeoutSeconds": 5,
+        "failurePolicy": "Fail",
+    }
+
+
+def webhook_calls(api: kubernetes.client.ApiClient, name: str) -> float:
+    """Return how many calls the apiserver has made to the admission webhook `name`."""
+    configuration = api.configuration
+    response = api.call_api(
+        "GET",
+        f"{configuration.host}/metrics",
+        header_params={"Authorization": configuration.get_api_key_with_prefix("authorization")},
+    )
+    total = 0.0
+    for line in response.read().decode().splitlines():
+        if line.startswith(WEBHOOK_CALLS) and f'name="{name}"' in line:
+            total += float(line.rsplit(" ", 1)[1])
+    return total
