@@ -35,6 +35,7 @@ from policies import Plan
 from policies.judge import QuotaVerdict, judge
 from policies.quotas import ALL_CLASSES, QuotaConfig
 from webhook.config.snapshot import ConfigSnapshot
+from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics, QuotaReading
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
@@ -111,7 +112,12 @@ class QuotaLedger:
             return QuotaVerdict(
                 False, "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
             )
-        if not await self.namespace_exists(namespace):
+        try:
+            exists = await self.namespace_exists(namespace)
+        except KubeError as error:
+            log.warning("cannot check that namespace %s exists: %s", namespace, error)
+            return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
+        if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
         ask = _Ask(request, plan, config, limits)
         self._waiting[namespace].append(ask)
@@ -145,6 +151,12 @@ class QuotaLedger:
             busy = f'the quota record of namespace "{namespace}" is busy; retry the request'
             for ask in batch:
                 ask.verdict.set_result(QuotaVerdict(False, busy))
+        except KubeError as error:  # the apiserver is unreachable or refused: no fault of ours
+            log.warning("cannot store the quota record of namespace %s: %s", namespace, error)
+            unreachable = QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
+            for ask in batch:
+                if not ask.verdict.done():
+                    ask.verdict.set_result(unreachable)
         except Exception as error:  # each waiting request fails as it would have alone
             for ask in batch:
                 if not ask.verdict.done():

@@ -15,8 +15,9 @@ from policies import check_final, plan
 from policies.judge import QuotaVerdict
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
+from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore
+from webhook.quota.reservations import MemoryStore, Reservation
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -266,3 +267,34 @@ def test_usage_index_sums_are_exact_and_drop_terminal_pods() -> None:
         usage.forget(body["metadata"]["uid"])
     assert usage.in_use("team-a") == {}
     assert len(usage) == 0
+
+
+class UnreachableStore(MemoryStore):
+    """A record store whose apiserver refuses every write, as during an outage."""
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        raise KubeError(0, "connection refused")
+
+
+async def test_an_unreachable_apiserver_is_a_clean_denial_asking_to_retry(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    quota = ledger(UnreachableStore())
+    outcome = await judged(quota, stored_pod({"gpuadm.io/h100": "1"}), config())
+    assert not outcome.allowed
+    assert outcome.message == "gpuadm cannot reach the apiserver (connection refused); retry"
+    assert "Traceback" not in caplog.text
+
+
+async def test_a_namespace_that_cannot_be_checked_is_a_clean_denial() -> None:
+    async def unreachable(name: str) -> bool:
+        raise KubeError(503, "apiserver is shutting down")
+
+    quota = ledger(namespace_exists=unreachable)
+    outcome = await judged(quota, stored_pod({"gpuadm.io/h100": "1"}), config())
+    assert not outcome.allowed
+    assert "cannot reach the apiserver (503: apiserver is shutting down); retry" in (
+        outcome.message or ""
+    )
