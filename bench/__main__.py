@@ -58,6 +58,7 @@ def main() -> int:
     args = parser.parse_args()
     lengths = QUICK if args.quick else FULL
     started = time.monotonic()
+    stolen_before = cpus.stolen_seconds()
     # First, so that a machine without Go fails now rather than after minutes of measuring.
     vegeta = ensure_vegeta()
     results: dict[str, Any] = {
@@ -80,6 +81,9 @@ def main() -> int:
         )
         results["flood"] = flood_figures(vegeta, Path(workdir), seconds=lengths.seconds)
     results["seconds"] = time.monotonic() - started
+    stolen_after = cpus.stolen_seconds()
+    if stolen_before is not None and stolen_after is not None:
+        results["stolen_seconds"] = stolen_after - stolen_before
     found = table.rows(results)
     results["targets"] = [row.as_dict() for row in found]
     write(results)
@@ -98,7 +102,18 @@ def header(results: dict[str, Any]) -> str:
         f"HTTP: vegeta over TLS keep-alive, {endpoints['connections']} connections, "
         f"{endpoints['review_bytes']}-byte reviews of every backend, {endpoints['seconds']:g} s "
         f"x {endpoints['rounds']} round(s) per figure; {results['pinning']}\n"
+        f"{_stolen(results)}"
     )
+
+
+def _stolen(results: dict[str, Any]) -> str:
+    """Say how much CPU time the host took away during the run, when it can be read."""
+    stolen = results.get("stolen_seconds")
+    if stolen is None:
+        return ""
+    share = stolen / (results["seconds"] * (os.cpu_count() or 1))
+    warning = " (over 5%: the host was busy; distrust this run)" if share > 0.05 else ""
+    return f"CPU time taken by the host (steal): {stolen:.1f} s, {share:.0%} of the run{warning}\n"
 
 
 def write(results: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 SERVER_CPU = 0
 GENERATOR_CPU = 1
@@ -40,3 +41,18 @@ def pinned(cpu: int) -> Iterator[None]:
         yield
     finally:
         os.sched_setaffinity(0, before)
+
+
+def stolen_seconds() -> float | None:
+    """Return the CPU time the hypervisor has given to others so far (Linux's steal), or None.
+
+    A virtual machine whose host is busy loses CPU time that no process here sees; a run
+    during which that grows measures the host, not gpuadm.
+    """
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except OSError:
+        return None
+    if fields[0] != "cpu" or len(fields) < 9:
+        return None
+    return int(fields[8]) / os.sysconf("SC_CLK_TCK")
