@@ -8,7 +8,7 @@ after all mutation (extended resources must then be integers with requests == li
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -37,6 +37,12 @@ class Plan:
     warnings: tuple[str, ...]
     # The normalized demand, e.g. `a100=0.5`, or None for a pod without GPUs.
     demand: str | None = None
+    # The patch as JSON, encoded once: the pods of a ReplicaSet share a remembered plan, and
+    # each answer carries this same text.
+    patch_json: bytes = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "patch_json", orjson.dumps(self.patch))
 
 
 NO_GPU = Plan(None, Fraction(0), [], ())

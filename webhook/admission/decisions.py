@@ -53,7 +53,10 @@ class Decision:
             return responses.errored(uid, self.reason)
         if self.outcome == "denied":
             return responses.denied(uid, self.reason, warnings=self.warnings, audit=audit)
-        return responses.patched(uid, self.patch, warnings=self.warnings, audit=audit)
+        encoded = self.plan.patch_json if self.plan and self.plan.patch is self.patch else None
+        return responses.patched(
+            uid, self.patch, warnings=self.warnings, audit=audit, encoded=encoded
+        )
 
     def audit_annotations(self) -> dict[str, str]:
         """Return what the apiserver's own audit log should record of this decision.

@@ -17,8 +17,6 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-import orjson
-
 from policies import Denial, Plan, Policy, plan, plan_inputs
 from webhook.observe.metrics import MemoReading
 
@@ -106,5 +104,5 @@ def _weigh(key: bytes, found: Plan | Denial) -> int:
     if isinstance(found, Denial):
         encoded = len(found.message)
     else:
-        encoded = len(orjson.dumps(found.patch)) + sum(len(w) for w in found.warnings)
+        encoded = len(found.patch_json) + sum(len(w) for w in found.warnings)
     return len(key) + PLAN_OBJECT_FACTOR * encoded + ENTRY_OVERHEAD_BYTES

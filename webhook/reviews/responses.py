@@ -35,12 +35,17 @@ def patched(
     *,
     warnings: Sequence[str] = (),
     audit: Mapping[str, str] | None = None,
+    encoded: bytes | None = None,
 ) -> dict[str, Any]:
-    """Admit the object with a JSON patch; an empty patch is no patch at all."""
+    """Admit the object with a JSON patch; an empty patch is no patch at all.
+
+    `encoded` is the patch already encoded as JSON, when the caller has it.
+    """
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if patch:
+        text = encoded if encoded is not None else orjson.dumps(list(patch))
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(list(patch))).decode("ascii")
+        response["patch"] = base64.b64encode(text).decode("ascii")
     return _review(response, warnings, audit)
 
 
