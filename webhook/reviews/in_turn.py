@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import ParamSpec, TypeVar
 
 from webhook.reviews.request import LARGE_REVIEW_BYTES
 
 P = ParamSpec("P")
 T = TypeVar("T")
+
+# Threads for large pods. Planning is pure Python, so more threads than cores buy nothing;
+# and each thread that has held a large pod keeps its own malloc arena at its high-water
+# mark, so a few threads keep the process's memory bounded where the default executor's
+# many would each grow one.
+LARGE_POD_THREADS = 2
+_LARGE_POD_WORK = ThreadPoolExecutor(
+    max_workers=LARGE_POD_THREADS, thread_name_prefix="gpuadm-large-pod"
+)
 
 
 async def in_turn(size: int, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
@@ -21,4 +32,5 @@ async def in_turn(size: int, call: Callable[P, T], *args: P.args, **kwargs: P.kw
     """
     if size < LARGE_REVIEW_BYTES:
         return call(*args, **kwargs)
-    return await asyncio.to_thread(call, *args, **kwargs)
+    loop = asyncio.get_running_loop()
+    return await loop.run_in_executor(_LARGE_POD_WORK, functools.partial(call, *args, **kwargs))
