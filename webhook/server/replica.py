@@ -26,7 +26,7 @@ from webhook.server.app import create_app
 from webhook.server.lifecycle import Background
 from webhook.server.settings import Settings
 
-log = logging.getLogger("gpuadm.cluster")
+log = logging.getLogger("gpuadm.replica")
 # Expired reservations are dropped from the records this often: records stay small, and
 # a pruning pass costs one read (and rarely a write) per namespace.
 PRUNE_SECONDS = 30.0
