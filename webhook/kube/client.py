@@ -20,7 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.kube.endpoint import Endpoint, file_or_none
-from webhook.kube.errors import KubeError
+from webhook.kube.errors import KubeError, status_message
 
 __all__ = [
     "EVENT_MESSAGE_MAX",
@@ -149,19 +149,6 @@ class Kube:
             allow_watch_bookmarks=True,
         )
 
-    def get_configmap(self, namespace: str, name: str) -> dict[str, Any] | None:
-        """Return a ConfigMap, or None if it does not exist."""
-        return self._json_or_none(self._core.read_namespaced_config_map, name, namespace)
-
-    def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Create a ConfigMap; a 409 means someone created it first."""
-        return self._json(self._core.create_namespaced_config_map, namespace, body)
-
-    def replace_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        """Replace a ConfigMap at the resourceVersion in `body`; a 409 means it changed."""
-        name = body["metadata"]["name"]
-        return self._json(self._core.replace_namespaced_config_map, name, namespace, body)
-
     def delete_configmap(self, namespace: str, name: str, *, resource_version: str) -> None:
         """Delete a ConfigMap if it is still at `resource_version`; a 409 means it changed."""
         self._json(
@@ -170,10 +157,6 @@ class Kube:
             namespace,
             body={"preconditions": {"resourceVersion": resource_version}},
         )
-
-    def get_namespace(self, name: str) -> dict[str, Any] | None:
-        """Return a Namespace, or None if it does not exist."""
-        return self._json_or_none(self._core.read_namespace, name)
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a Secret, or None if it does not exist."""
@@ -278,8 +261,4 @@ class Kube:
 
 
 def _reason(error: ApiException) -> str:
-    try:
-        message = orjson.loads(error.body or b"").get("message")
-    except (orjson.JSONDecodeError, TypeError, AttributeError):
-        message = None
-    return str(message or error.reason)
+    return status_message(error.body, str(error.reason))

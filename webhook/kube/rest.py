@@ -10,7 +10,6 @@ CA, client certificate and token (re-read on each call, so rotated tokens are us
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 from urllib.parse import quote
 
@@ -18,7 +17,7 @@ import aiohttp
 import orjson
 
 from webhook.kube.endpoint import Endpoint
-from webhook.kube.errors import KubeError
+from webhook.kube.errors import KubeError, status_message
 
 # Connections kept open to the apiserver: enough for a burst's record writes and namespace
 # checks to overlap, few enough not to matter to the apiserver.
@@ -88,7 +87,7 @@ class AsyncApi:
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
             raise KubeError(0, f"{method} {path}: {error or type(error).__name__}") from None
         if status >= 400:
-            raise KubeError(status, _message(payload, status))
+            raise KubeError(status, status_message(payload, f"HTTP {status}"))
         result: dict[str, Any] = orjson.loads(payload)
         return result
 
@@ -106,11 +105,3 @@ class AsyncApi:
 def _configmap_path(namespace: str, name: str | None = None) -> str:
     path = f"/api/v1/namespaces/{quote(namespace, safe='')}/configmaps"
     return path if name is None else f"{path}/{quote(name, safe='')}"
-
-
-def _message(payload: bytes, status: int) -> str:
-    with contextlib.suppress(orjson.JSONDecodeError, AttributeError, TypeError):
-        message = orjson.loads(payload).get("message")
-        if message:
-            return str(message)
-    return f"HTTP {status}"
