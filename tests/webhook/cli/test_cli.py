@@ -92,13 +92,24 @@ def test_review_of_an_invalid_pod_exits_1_with_the_reason(
     assert "backend nvidia gives whole GPUs only" in out
 
 
-def test_review_of_a_non_pod_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("manifest", "error"),
+    [
+        pytest.param("kind: Deployment\n", "is not a Pod manifest", id="not-a-pod"),
+        pytest.param(
+            "kind: Pod\nmetadata: [a, b]\nspec: {containers: []}\n",
+            "metadata is not a mapping",
+            id="odd-metadata",
+        ),
+    ],
+)
+def test_review_of_what_is_no_pod_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], manifest: str, error: str
 ) -> None:
-    path = tmp_path / "deploy.yaml"
-    path.write_text("kind: Deployment\n")
+    path = tmp_path / "manifest.yaml"
+    path.write_text(manifest)
     assert main(["review", str(path), "--policy", str(POLICY)]) == 2
-    assert "is not a Pod manifest" in capsys.readouterr().err
+    assert error in capsys.readouterr().err
 
 
 def test_review_with_a_bad_policy_names_file_and_line(
@@ -185,15 +196,6 @@ def test_check_config_warns_of_a_hami_class_without_models(
     out = capsys.readouterr().out
     assert "warning: class any (hami) lists neither `models` nor `gpuTypes`" in out
     assert "ok: 1 policy and 0 quota config(s) are valid" in out
-
-
-def test_review_of_a_pod_with_odd_metadata_says_so(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    path = tmp_path / "pod.yaml"
-    path.write_text("kind: Pod\nmetadata: [a, b]\nspec: {containers: []}\n")
-    assert main(["review", str(path), "--policy", str(POLICY)]) == 2
-    assert "metadata is not a mapping" in capsys.readouterr().err
 
 
 def test_review_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
