@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver, kube-scheduler and etcd binaries the end-to-end
-# tests run, from the Go modules pinned in ./apiserver and ./etcd, into a
+# Builds the kube-apiserver, kube-scheduler, kube-controller-manager and etcd
+# binaries the end-to-end tests run, from the Go modules pinned in ./apiserver and ./etcd, into a
 # per-version cache directory. Safe to run repeatedly: when every binary is
 # already present and reports the expected version, nothing is rebuilt.
 #
@@ -75,7 +75,7 @@ check_pins() {
 # stale or truncated binary triggers a rebuild.
 binaries_ready() {
     local kube
-    for kube in kube-apiserver kube-scheduler; do
+    for kube in kube-apiserver kube-scheduler kube-controller-manager; do
         [[ -x $BIN_DIR/$kube ]] || return 1
         [[ $("$BIN_DIR/$kube" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]] || return 1
     done
@@ -119,7 +119,7 @@ main() {
         flock 9
     fi
     if binaries_ready; then
-        log "up to date: kube-apiserver and kube-scheduler $KUBE_VERSION, etcd $ETCD_VERSION"
+        log "up to date: kube-apiserver, kube-scheduler and kube-controller-manager $KUBE_VERSION, etcd $ETCD_VERSION"
         echo "$BIN_DIR"
         return
     fi
@@ -134,9 +134,12 @@ main() {
     # The scheduler shares nearly all of its packages with the apiserver, so
     # with the Go cache warm from the line above it costs a minute or two.
     build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler "$(kube_ldflags)"
+    # Only its resourceclaim controller runs in the tests: it makes the ResourceClaims of
+    # pods that name a ResourceClaimTemplate, which the scheduler then allocates.
+    build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$(kube_ldflags)"
     build_one "$go_bin" etcd go.etcd.io/etcd/server/v3 etcd "-s -w"
     binaries_ready || { log "built binaries do not report the expected versions"; exit 1; }
-    log "built kube-apiserver and kube-scheduler $KUBE_VERSION, etcd $ETCD_VERSION in $BIN_DIR"
+    log "built kube-apiserver, kube-scheduler and kube-controller-manager $KUBE_VERSION, etcd $ETCD_VERSION in $BIN_DIR"
     echo "$BIN_DIR"
 }
 
