@@ -57,3 +57,5 @@ class Grant:
     resources: dict[str, int]
     charge: Fraction
     warnings: tuple[str, ...] = ()
+    # For a class whose GPUs come through a ResourceClaim (`dra`): how many devices it holds.
+    devices: int = 0

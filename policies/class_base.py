@@ -85,6 +85,10 @@ class ClassBase(Model):
 
     uses_memory: ClassVar[bool] = True
     default_scheduler: ClassVar[str | None] = None
+    # True where the pod holds each container's GPUs for its whole life (DRA claims are
+    # allocated at scheduling, init containers' too): the pod is charged their sum, not the
+    # effective request of Kubernetes' init-container rule.
+    holds_for_pod_lifetime: ClassVar[bool] = False
 
     memory: Bytes | None = None
     models: list[GpuName] | None = None

@@ -23,6 +23,7 @@ from policies.class_base import Bytes, GpuName, ResourceName
 # The rest of the core imports the base of every class, and the config model, from here.
 from policies.class_base import ClassBase as ClassBase
 from policies.class_base import Model as Model
+from policies.dra import DraClass
 from policies.errors import Denial
 from policies.extended import (
     CgpuClass,
@@ -374,7 +375,8 @@ GpuClass = Annotated[
     | CgpuClass
     | MgpuClass
     | ElasticGpuClass
-    | ExtendedClass,
+    | ExtendedClass
+    | DraClass,
     Discriminator("backend"),
 ]
 
@@ -391,6 +393,7 @@ BACKENDS: tuple[type[ClassBase], ...] = (
     MgpuClass,
     ElasticGpuClass,
     ExtendedClass,
+    DraClass,
 )
 
 

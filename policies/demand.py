@@ -14,6 +14,7 @@ from typing import Any, Literal, NamedTuple
 
 from policies.asks import Ask, MemoryShare, Share, Whole
 from policies.classes import ClassBase
+from policies.dra import DraClass, entry_name, is_entry_name, parse_template_name
 from policies.errors import Denial
 from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
@@ -42,6 +43,14 @@ class ContainerRef:
         return f'{"sidecar" if self.sidecar else "init container"} "{clipped(self.name)}"'
 
 
+class ClaimedDevices(NamedTuple):
+    """What a container's claim of gpuadm's holds, as its template's name says."""
+
+    class_name: str
+    devices: int
+    template: str
+
+
 @dataclass(frozen=True, slots=True)
 class ContainerDemand:
     """What one container asks: a class ask, or raw resources of the class's backend.
@@ -53,6 +62,8 @@ class ContainerDemand:
     ask: Ask | None
     raw: dict[str, Fraction] = field(default_factory=dict)
     replaced_keys: frozenset[str] = frozenset()
+    # Set when the ask was read from a claim of gpuadm's the container already lists.
+    claimed: ClaimedDevices | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +91,8 @@ class _Found:
     ref: ContainerRef
     class_values: dict[str, ClassValue] = field(default_factory=dict)
     raw: dict[str, Fraction] = field(default_factory=dict)
+    # Devices of a `dra` class the container holds through gpuadm's claim entry.
+    claimed: ClaimedDevices | None = None
 
 
 def iter_containers(pod: Mapping[str, Any]) -> Iterator[tuple[ContainerRef, Mapping[str, Any]]]:
@@ -97,7 +110,12 @@ def read_demand(
     pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
 ) -> PodDemand | None:
     """Return the pod's GPU demand, None if it asks for no GPU, or raise `Denial`."""
-    found = [item for item in (_scan(ref, c, policy) for ref, c in iter_containers(pod)) if item]
+    templates = _gpuadm_entries(pod, policy)
+    found = [
+        item
+        for item in (_scan(ref, c, policy, templates) for ref, c in iter_containers(pod))
+        if item
+    ]
     if not found:
         return None
     class_name = _pod_class(pod, found, policy, namespace_default_class)
@@ -112,11 +130,44 @@ def read_demand(
     return PodDemand(class_name, gpu_class, containers)
 
 
-def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _Found | None:
+def _gpuadm_entries(pod: Mapping[str, Any], policy: Policy) -> dict[str, str]:
+    """Return the pod's `spec.resourceClaims` entries that are gpuadm's: name to template.
+
+    An entry is gpuadm's by its name (`gpuadm-c0`, ...) or by its template's: either without
+    the other is refused, since a pod would hold a class's devices that no container asks
+    for, or a claim of its own under gpuadm's name.
+    """
+    entries: dict[str, str] = {}
+    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+        name = entry.get("name") or ""
+        template = entry.get("resourceClaimTemplateName")
+        ours = isinstance(template, str) and parse_template_name(template) is not None
+        if is_entry_name(name) and ours:
+            entries[name] = template
+        elif is_entry_name(name):
+            raise Denial(
+                f"spec.resourceClaims: the entry name {name!r} is gpuadm's, and names a claim "
+                "gpuadm did not write; rename the entry"
+            )
+        elif ours:
+            raise Denial(
+                f"spec.resourceClaims {shown(name)}: ResourceClaimTemplate {template} is "
+                f"gpuadm's, for one container's GPUs; ask for {policy.domain}/<class> in the "
+                "container instead"
+            )
+    return entries
+
+
+def _scan(
+    ref: ContainerRef, container: Mapping[str, Any], policy: Policy, templates: dict[str, str]
+) -> _Found | None:
     resources = container.get("resources") or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
     found: _Found | None = None
+    claimed = _claimed(ref, resources.get("claims"), policy, templates)
+    if claimed is not None:
+        found = _Found(ref, claimed=claimed)
     for key in (*limits, *(k for k in requests if k not in limits)):
         kind = policy.resource_kind(key)
         if kind.role is ResourceRole.OTHER:
@@ -130,7 +181,33 @@ def _scan(ref: ContainerRef, container: Mapping[str, Any], policy: Policy) -> _F
             found.class_values[key] = ClassValue(key, kind.key, amount, value)
         elif amount != 0:
             found.raw[key] = amount
-    return found if found and (found.class_values or found.raw) else None
+    return found if found and (found.class_values or found.raw or found.claimed) else None
+
+
+def _claimed(
+    ref: ContainerRef, claims: list[Any] | None, policy: Policy, templates: dict[str, str]
+) -> ClaimedDevices | None:
+    """Return the devices the container holds through gpuadm's claim entry, if it lists one."""
+    held: ClaimedDevices | None = None
+    for claim in claims or ():
+        name = claim.get("name") or ""
+        template = templates.get(name)
+        if template is None:
+            continue  # not gpuadm's; one naming no entry at all, the apiserver refuses
+        if name != entry_name(ref.kind, ref.index):
+            raise Denial(
+                f"{ref} lists the claim {name!r}, which holds another container's GPUs; ask for "
+                f"{policy.domain}/<class> in each container that needs GPUs"
+            )
+        parsed = parse_template_name(template)
+        assert parsed is not None  # `_gpuadm_entries` kept gpuadm's templates only
+        if not isinstance(policy.classes.get(parsed.class_name), DraClass):
+            raise Denial(
+                f"{ref}: ResourceClaimTemplate {template} was written for class "
+                f"{parsed.class_name}, which is not a dra class of the policy"
+            )
+        held = ClaimedDevices(parsed.class_name, parsed.devices, template)
+    return held
 
 
 def _agreed_value(
@@ -163,6 +240,8 @@ def _pod_class(
     for item in found:
         for value in item.class_values.values():
             named.setdefault(value.class_key.class_name, item.ref)
+        if item.claimed is not None:
+            named.setdefault(item.claimed.class_name, item.ref)
     if len(named) > 1:
         where = ", ".join(f"{name} in {ref}" for name, ref in sorted(named.items()))
         raise Denial(f"the pod asks for two GPU classes ({where}); a pod uses one class")
@@ -194,6 +273,11 @@ def _container_demand(
     item: _Found, class_name: str, gpu_class: ClassBase, policy: Policy
 ) -> ContainerDemand:
     ref = item.ref
+    if item.claimed is not None and item.raw:
+        raise Denial(
+            f"{ref} holds devices of class {class_name} through a claim and asks for raw GPU "
+            f"resources ({', '.join(sorted(item.raw))}) too; ask through the class alone"
+        )
     if item.class_values and item.raw:
         raw = ", ".join(sorted(item.raw))
         raise Denial(
@@ -203,6 +287,8 @@ def _container_demand(
     if item.class_values:
         ask = _class_ask(item, class_name, gpu_class)
         return ContainerDemand(ref, ask, replaced_keys=frozenset(item.class_values))
+    if item.claimed is not None:
+        return ContainerDemand(ref, Whole(item.claimed.devices), claimed=item.claimed)
     if set(item.raw) == {STANDARD_GPU}:
         count = item.raw[STANDARD_GPU]
         if count.denominator != 1 or count < 0:

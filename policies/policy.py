@@ -12,6 +12,7 @@ from typing import NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from policies.classes import BACKENDS, ClassBase, GpuClass, Model, VirtualGpuClass
+from policies.dra import NVIDIA_DEVICE_CLASSES, DraClass
 from policies.models import (
     GFD_PRODUCT_LABEL,
     USE_GPUTYPE,
@@ -30,6 +31,9 @@ STANDARD_GPU = "nvidia.com/gpu"
 # number in the tens, so legitimate traffic never reaches it.
 MAX_REMEMBERED_NAMES = 4096
 STACK_NAMES = {"hami": "HAMi", "volcano": "Volcano"}
+# The label of every object gpuadm writes (records, ResourceClaimTemplates).
+MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGER = "gpuadm"
 
 
 class ClassKey(NamedTuple):
@@ -99,6 +103,9 @@ class Guard(Model):
     dev_host_path: bool = True
     # A privileged container in a pod with GPU demand.
     privileged_gpu_containers: bool = True
+    # GPU devices through a ResourceClaim or ResourceClaimTemplate gpuadm did not write
+    # (`policies.claims`).
+    foreign_gpu_claims: bool = True
 
     def switch(self, rule: str) -> str:
         """Return the policy key that switches a rule off, e.g. `guard.devHostPath`."""
@@ -113,6 +120,9 @@ class Policy(Model):
     exempt_namespaces: list[str] = Field(default_factory=list)
     classes: dict[str, GpuClass]
     guard: Guard = Field(default_factory=Guard)
+    # The DeviceClasses whose devices are GPUs, besides those of the policy's dra classes:
+    # claims for them are gpuadm's alone (`guard.foreignGpuClaims`).
+    gpu_device_classes: list[str] = Field(default_factory=lambda: list(NVIDIA_DEVICE_CLASSES))
 
     @field_validator("domain")
     @classmethod
@@ -176,6 +186,15 @@ class Policy(Model):
             self.domain + "/",
             _gputype_table(self.classes),
         )
+
+    @cached_property
+    def gpu_device_class_names(self) -> frozenset[str]:
+        """Return every DeviceClass whose devices are GPUs: listed, or a dra class's."""
+        names = set(self.gpu_device_classes)
+        for gpu_class in self.classes.values():
+            if isinstance(gpu_class, DraClass):
+                names.add(gpu_class.device_class_name)
+        return frozenset(names)
 
     def class_key(self, name: str) -> ClassKey | None:
         """Map `D/<class>` or `D/<class>-memory` to its class, or None."""

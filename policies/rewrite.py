@@ -16,7 +16,8 @@ import orjson
 
 from policies.asks import Grant
 from policies.classes import ClassBase, rounding_warning
-from policies.demand import ContainerDemand, PodDemand, effective_demand, read_demand
+from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_demand, read_demand
+from policies.dra import ClaimTemplate, DraClass, entry_name, is_entry_name
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
@@ -37,6 +38,8 @@ class Plan:
     warnings: tuple[str, ...]
     # The normalized demand, e.g. `a100=0.5`, or None for a pod without GPUs.
     demand: str | None = None
+    # The ResourceClaimTemplates the pod names, which must exist in its namespace (`dra`).
+    claim_templates: tuple[ClaimTemplate, ...] = ()
     # The patch as JSON, encoded once: the pods of a ReplicaSet share a remembered plan, and
     # each answer carries this same text.
     patch_json: bytes = field(init=False, repr=False, compare=False)
@@ -59,22 +62,35 @@ def plan(
     warnings: list[str] = []
     charges = []
     patch: Patch = []
+    templates: dict[str, ClaimTemplate] = {}
     for container in demand.containers:
         grant = _grant(container, demand)
         charges.append((container.ref, grant.charge))
         warnings.extend(grant.warnings)
+        entry = None
+        if grant.devices:
+            entry = entry_name(container.ref.kind, container.ref.index)
+            templates[entry] = _dra(demand).template(demand.class_name, grant.devices)
         resources = _container(pod, container).get("resources") or {}
-        rewritten = _rewrite_resources(resources, container, grant)
+        rewritten = _rewrite_resources(resources, container, grant, entry)
         if rewritten != resources:
             patch.append(_add(f"{container.ref.path}/resources", rewritten))
-    charge = effective_demand(charges)
+    charge = _pod_charge(demand, charges)
     spec = pod.get("spec") or {}
     _check_scheduler(spec, demand)
     warnings += _check_device_choice(pod, policy, demand.class_name)
     patch += _metadata_ops(pod, policy, demand, charge)
     patch += _spec_ops(spec, demand.gpu_class)
+    patch += _claim_ops(spec, templates)
     demand_text = f"{demand.class_name}={format_amount(charge)}"
-    return Plan(demand.class_name, charge, patch, tuple(dict.fromkeys(warnings)), demand_text)
+    return Plan(
+        demand.class_name,
+        charge,
+        patch,
+        tuple(dict.fromkeys(warnings)),
+        demand_text,
+        tuple(templates.values()),
+    )
 
 
 def plan_inputs(
@@ -102,6 +118,7 @@ def plan_inputs(
             spec.get("nodeName"),
             spec.get("affinity"),
             spec.get("tolerations"),
+            spec.get("resourceClaims"),
             bool(annotations),
             owned,
             [annotations.get(key) for key in DEVICE_CHOICE_ANNOTATIONS],
@@ -129,7 +146,19 @@ def pod_charge(
     if demand is None:
         return None
     charges = [(c.ref, _grant(c, demand).charge) for c in demand.containers]
-    return demand.class_name, effective_demand(charges)
+    return demand.class_name, _pod_charge(demand, charges)
+
+
+def _pod_charge(demand: PodDemand, charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
+    if demand.gpu_class.holds_for_pod_lifetime:
+        return Fraction(sum(charge for _, charge in charges))
+    return effective_demand(charges)
+
+
+def _dra(demand: PodDemand) -> DraClass:
+    gpu_class = demand.gpu_class
+    assert isinstance(gpu_class, DraClass)  # only a dra class grants devices
+    return gpu_class
 
 
 def _grant(container: ContainerDemand, demand: PodDemand) -> Grant:
@@ -156,9 +185,13 @@ def _container(pod: Mapping[str, Any], container: ContainerDemand) -> Mapping[st
 
 
 def _rewrite_resources(
-    resources: Mapping[str, Any], container: ContainerDemand, grant: Grant
+    resources: Mapping[str, Any], container: ContainerDemand, grant: Grant, entry: str | None
 ) -> dict[str, Any]:
-    """Return the container's resources with the class keys replaced by the backend's."""
+    """Return the container's resources with the class keys replaced by the backend's.
+
+    For a `dra` class, the backend's part is the container's claim `entry`, in place of any
+    other claim of gpuadm's it lists.
+    """
     rewritten = dict(resources)
     for side in ("limits", "requests"):
         values = dict(rewritten.get(side) or {})
@@ -168,8 +201,25 @@ def _rewrite_resources(
             current = values.get(name)
             if current is None or _amount_or_none(current) != amount:
                 values[name] = str(amount)
-        rewritten[side] = values
+        if values or side in rewritten:
+            rewritten[side] = values
+    if entry is not None:
+        claims = [c for c in rewritten.get("claims") or () if not is_entry_name(c.get("name", ""))]
+        rewritten["claims"] = [*claims, {"name": entry}]
     return rewritten
+
+
+def _claim_ops(spec: Mapping[str, Any], templates: Mapping[str, ClaimTemplate]) -> Patch:
+    """Name each container's template under its entry of `spec.resourceClaims`.
+
+    The pod's own entries stay, in their order; gpuadm's follow, in container order.
+    """
+    current = list(spec.get("resourceClaims") or ())
+    wanted = [c for c in current if not is_entry_name(c.get("name", ""))] + [
+        {"name": entry, "resourceClaimTemplateName": template.name}
+        for entry, template in templates.items()
+    ]
+    return [_add("/spec/resourceClaims", wanted)] if wanted != current else []
 
 
 def _amount_or_none(value: object) -> Fraction | None:

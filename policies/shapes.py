@@ -46,6 +46,21 @@ def check_pod(pod: Mapping[str, Any]) -> None:
     for index, toleration in enumerate(_list(spec.get("tolerations"), "spec.tolerations")):
         field = f"spec.tolerations[{index}]"
         _bounded(_item(toleration, field, "a toleration (an object)"), field)
+    claims = _list(spec.get("resourceClaims"), "spec.resourceClaims")
+    _check_claims(claims, "spec.resourceClaims", _POD_CLAIM_FIELDS)
+
+
+# The string fields of a pod's claim entry and of a container's claim, which gpuadm reads.
+_POD_CLAIM_FIELDS = ("name", "resourceClaimName", "resourceClaimTemplateName")
+_CONTAINER_CLAIM_FIELDS = ("name", "request")
+
+
+def _check_claims(claims: list[Any], field: str, members: tuple[str, ...]) -> None:
+    for index, claim in enumerate(claims):
+        where = f"{field}[{index}]"
+        claim = _item(claim, where, "a claim (an object with a name)")
+        for member in members:
+            _string(claim.get(member), f"{where}.{member}")
 
 
 def check_metadata(pod: Mapping[str, Any], *, whose: str = "") -> None:
@@ -84,6 +99,8 @@ def _check_container(container: object, kind: str, index: int) -> None:
     where = f'{what} "{clipped(name)}"' if name else field
     _string(restart_policy, f"{where}: restartPolicy")
     resources = _object(resources, f"{where}: resources")
+    claims = _list(resources.get("claims"), f"{where}: resources.claims")
+    _check_claims(claims, f"{where}: resources.claims", _CONTAINER_CLAIM_FIELDS)
     for side in ("limits", "requests"):
         for key, value in _object(resources.get(side), f"{where}: resources.{side}").items():
             _key(key, f"{where}: resources.{side}")
@@ -120,6 +137,15 @@ def _plain_resources(resources: object) -> bool:
                     return False
                 if type(value) not in (str, int, float):
                     return False
+        elif side == "claims":
+            if amounts is not None and not (
+                type(amounts) is list
+                and all(
+                    type(claim) is dict and all(type(v) is str for v in claim.values())
+                    for claim in amounts
+                )
+            ):
+                return False
         elif _nests_deeper(amounts, MAX_NESTING - 1):
             return False
     return True

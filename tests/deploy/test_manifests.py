@@ -415,12 +415,28 @@ def test_mutating_webhook_fails_open_and_is_reinvoked(rendered: Rendered) -> Non
 
 
 def test_validating_webhook_fails_closed(rendered: Rendered) -> None:
-    (webhook,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    webhook, claims = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
     assert webhook["name"] == "validate.gpuadm.io"
     _check_common_webhook_settings(webhook, "/validate")
     ephemeral = {**_pod_rule("UPDATE"), "resources": ["pods/ephemeralcontainers"]}
     assert webhook["rules"] == [_pod_rule("CREATE", "UPDATE"), ephemeral]
     assert webhook["failurePolicy"] == "Fail"
+    # DRA claims and templates: every create (and a template's update), no delete, no
+    # condition to skip one, failing closed, in the same namespaces as pods.
+    assert claims["name"] == "validate-claims.gpuadm.io"
+    assert claims["clientConfig"] == webhook["clientConfig"]
+    assert claims["namespaceSelector"] == webhook["namespaceSelector"]
+    assert claims["rules"] == [
+        {
+            **_pod_rule("CREATE", "UPDATE"),
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaimtemplates"],
+        },
+        {**_pod_rule("CREATE"), "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"]},
+    ]
+    assert "matchConditions" not in claims
+    assert claims["sideEffects"] == "None"
+    assert claims["failurePolicy"] == "Fail"
 
 
 def _pod_labels(rendered: Rendered) -> dict[str, str]:
@@ -524,6 +540,8 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
         [
             ("", "namespaces", (), read),
             ("", "pods", (), read),
+            ("resource.k8s.io", "resourceclaims", (), ("get",)),
+            ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
             (
                 "admissionregistration.k8s.io",
                 "mutatingwebhookconfigurations",
@@ -642,7 +660,7 @@ def _comparable(obj: Obj) -> Obj:
     if obj["kind"] == "ConfigMap":
         obj["data"] = {key: yaml.safe_load(text) for key, text in obj["data"].items()}
     for webhook in obj.get("webhooks", []):
-        for condition in webhook["matchConditions"]:
+        for condition in webhook.get("matchConditions", []):
             condition["expression"] = " ".join(condition["expression"].split())
     return obj
 
@@ -670,9 +688,9 @@ def test_helm_follows_the_release_namespace(render: Render) -> None:
     for obj in rendered.objects:
         assert obj["metadata"].get("namespace") in (None, "gpu-admission")
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (webhook,) = rendered.one(kind)["webhooks"]
-        assert webhook["clientConfig"]["service"]["namespace"] == "gpu-admission"
-        assert _excluded_namespaces(webhook) == {"kube-system", "gpu-admission"}
+        for webhook in rendered.one(kind)["webhooks"]:
+            assert webhook["clientConfig"]["service"]["namespace"] == "gpu-admission"
+            assert _excluded_namespaces(webhook) == {"kube-system", "gpu-admission"}
     (subject,) = rendered.one("ClusterRoleBinding")["subjects"]
     assert subject["namespace"] == "gpu-admission"
 
@@ -680,12 +698,12 @@ def test_helm_follows_the_release_namespace(render: Render) -> None:
 def test_helm_can_narrow_the_webhooks_to_one_namespace(render: Render) -> None:
     rendered = Rendered("helm", render("helm", "--set", "webhook.onlyNamespaces={team-a}"))
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (webhook,) = rendered.one(kind)["webhooks"]
-        assert webhook["namespaceSelector"] == {
-            "matchExpressions": [
-                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
-            ]
-        }
+        for webhook in rendered.one(kind)["webhooks"]:
+            assert webhook["namespaceSelector"] == {
+                "matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a"]}
+                ]
+            }
 
 
 def test_helm_refuses_to_narrow_the_webhooks_to_an_excluded_namespace(render: Render) -> None:
@@ -782,6 +800,16 @@ CREATE_CASES = [
         False,
         id="no-containers-field",
     ),
+    pytest.param(
+        {**CPU_ONLY, "spec": {**CPU_ONLY["spec"], "resourceClaims": [{"name": "gpu"}]}},
+        True,
+        id="dra-claim",
+    ),
+    pytest.param(
+        {**CPU_ONLY, "spec": {**CPU_ONLY["spec"], "resourceClaims": []}},
+        False,
+        id="no-dra-claim",
+    ),
 ]
 
 
@@ -790,7 +818,7 @@ def webhooks(request: pytest.FixtureRequest, render: Render) -> tuple[Obj, Obj]:
     """The mutating and the validating webhook of one render."""
     rendered = Rendered(request.param, render(request.param))
     (mutating,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
-    (validating,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    validating = rendered.one("ValidatingWebhookConfiguration")["webhooks"][0]
     return mutating, validating
 
 
@@ -1062,7 +1090,7 @@ def test_helm_adds_extra_gpu_resources_to_both_webhooks(render: Render) -> None:
         ),
     )
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
-        (webhook,) = rendered.one(kind)["webhooks"]
+        webhook = rendered.one(kind)["webhooks"][0]
         for name in ("example.com/gpu", "example.com/mig-2g.20gb", "nvidia.com/gpu"):
             assert sent_to_webhook(webhook, "CREATE", pod(container(limits={name: "1"})), None)
         assert not sent_to_webhook(webhook, "CREATE", CPU_ONLY, None)
@@ -1071,7 +1099,7 @@ def test_helm_adds_extra_gpu_resources_to_both_webhooks(render: Render) -> None:
 def test_helm_match_conditions_follow_the_policy_domain(render: Render) -> None:
     rendered = Rendered("helm", render("helm", "--set", "policy.domain=gpu.example.org"))
     (mutating,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
-    (validating,) = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    validating = rendered.one("ValidatingWebhookConfiguration")["webhooks"][0]
     ask = pod(container(limits={"gpu.example.org/a100": "1"}))
     assert sent_to_webhook(mutating, "CREATE", ask, None)
     assert not sent_to_webhook(

@@ -1,12 +1,14 @@
 """A throwaway Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) for tests.
 
 This plays the role controller-runtime's envtest plays for Go projects: the
-real kube-apiserver, kube-scheduler and etcd binaries, built from their
-published Go modules by ``controlplane/build.sh``, run as local processes on
-free loopback ports. The scheduler runs only once ``start_scheduler()`` is
-called. There is no kube-controller-manager or kubelet: pods are stored and
-admitted, and with the scheduler and nodes created through the API they are
-bound to a node (``spec.nodeName``), but they never run and stay ``Pending``.
+real kube-apiserver, kube-scheduler, kube-controller-manager and etcd binaries,
+built from their published Go modules by ``controlplane/build.sh``, run as
+local processes on free loopback ports. The scheduler runs only once
+``start_scheduler()`` is called, and the controller manager, with its
+resourceclaim controller alone, once ``start_controller_manager()`` is. There
+is no kubelet: pods are stored and admitted, and with the scheduler and nodes
+created through the API they are bound to a node (``spec.nodeName``), but
+they never run and stay ``Pending``.
 
 Typical use::
 
@@ -52,11 +54,16 @@ BUILD_SCRIPT = Path(__file__).resolve().parent / "controlplane" / "build.sh"
 LOOPBACK = "127.0.0.1"
 ADMIN_USER = "admin"
 ADMIN_GROUP = "system:masters"
+# The users gpuadm and kube-controller-manager run as, with their names in a real cluster
+# (gpuadm's service account; the controller manager without service-account credentials):
+# gpuadm trusts these names. Both are in the admin group; RBAC is not under test here.
+GPUADM_USER = "system:serviceaccount:gpuadm-system:gpuadm"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
 LOG_TAIL_LINES = 40
 STOP_GRACE_SECONDS = 5.0
 POLL_INTERVAL_SECONDS = 0.25
 # Every process the control plane may run, in the order stop() ends them.
-PROCESSES = ("kube-scheduler", "kube-apiserver", "etcd")
+PROCESSES = ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
 PR_SET_PDEATHSIG = 1
 # Resolved now, not in the forked child, where loading a library could block
 # on a lock some other thread of this process held at fork time.
@@ -68,7 +75,7 @@ class ControlPlaneError(RuntimeError):
 
 
 def ensure_binaries() -> Path:
-    """Build kube-apiserver, kube-scheduler and etcd if needed and return their directory.
+    """Build the control plane's binaries if needed and return their directory.
 
     ``build.sh`` does nothing when the binaries are already cached, so this is
     cheap after the first run. Its progress is echoed to stderr as it happens
@@ -132,6 +139,10 @@ class ControlPlane:
         self._workdir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.token = secrets.token_urlsafe(32)
+        self._tokens = {
+            user: secrets.token_urlsafe(32) for user in (GPUADM_USER, CONTROLLER_MANAGER_USER)
+        }
+        self._tokens[ADMIN_USER] = self.token
         self.url = ""
 
     # -- public API -------------------------------------------------------
@@ -173,6 +184,10 @@ class ControlPlane:
     def kubeconfig_path(self) -> Path:
         """A kubeconfig file for the admin user, for people and subprocesses."""
         return self.workdir / "kubeconfig"
+
+    def kubeconfig_of(self, user: str) -> Path:
+        """Return a kubeconfig file for one of the control plane's users (``GPUADM_USER``...)."""
+        return self.workdir / f"kubeconfig-{self._safe(user)}"
 
     def log_path(self, name: str) -> Path:
         """Return the combined stdout/stderr log file of one of ``PROCESSES``."""
@@ -247,9 +262,39 @@ class ControlPlane:
             ],
         )
 
+    def start_controller_manager(self) -> None:
+        """Start kube-controller-manager with its resourceclaim controller alone.
+
+        It makes the ResourceClaim of each pod that names a ResourceClaimTemplate, as
+        ``<pod>-<entry>-<random>``, and records it in the pod's status; the scheduler then
+        allocates it. Nothing else of a controller manager runs.
+        """
+        if "kube-controller-manager" in self._processes:
+            raise ControlPlaneError("the controller manager is already started")
+        if self._bin_dir is None or not self._processes:
+            raise ControlPlaneError("the control plane is not started")
+        self._spawn(
+            "kube-controller-manager",
+            [
+                str(self._bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={self.kubeconfig_of(CONTROLLER_MANAGER_USER)}",
+                "--controllers=resourceclaim-controller",
+                "--leader-elect=false",
+                "--use-service-account-credentials=false",
+                "--secure-port=0",
+            ],
+        )
+
     def stop_scheduler(self) -> None:
         """Stop kube-scheduler if it runs; its log stays until ``stop()``."""
-        process = self._processes.pop("kube-scheduler", None)
+        self._stop_one("kube-scheduler")
+
+    def stop_controller_manager(self) -> None:
+        """Stop kube-controller-manager if it runs; its log stays until ``stop()``."""
+        self._stop_one("kube-controller-manager")
+
+    def _stop_one(self, name: str) -> None:
+        process = self._processes.pop(name, None)
         if process is not None:
             _terminate(process)
 
@@ -445,8 +490,12 @@ class ControlPlane:
 
     def _write_token_file(self) -> None:
         # Format: token,user,uid,"group1,group2"
-        line = f'{self.token},{ADMIN_USER},{ADMIN_USER},"{ADMIN_GROUP}"\n'
-        _write_private(self.workdir / "tokens.csv", line.encode())
+        lines = [f'{token},{user},{user},"{ADMIN_GROUP}"\n' for user, token in self._tokens.items()]
+        _write_private(self.workdir / "tokens.csv", "".join(lines).encode())
+
+    @staticmethod
+    def _safe(user: str) -> str:
+        return user.replace(":", "-")
 
     def _scheduler_config(self, scheduler_names: Sequence[str]) -> dict[str, object]:
         return {
@@ -460,8 +509,13 @@ class ControlPlane:
         }
 
     def _write_kubeconfig(self) -> None:
+        for user in self._tokens:
+            path = self.kubeconfig_path if user == ADMIN_USER else self.kubeconfig_of(user)
+            _write_private(path, yaml.safe_dump(self._kubeconfig(user)).encode())
+
+    def _kubeconfig(self, user: str) -> dict[str, object]:
         name = "gpuadm-e2e"
-        kubeconfig = {
+        return {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [
@@ -473,11 +527,10 @@ class ControlPlane:
                     },
                 }
             ],
-            "users": [{"name": ADMIN_USER, "user": {"token": self.token}}],
-            "contexts": [{"name": name, "context": {"cluster": name, "user": ADMIN_USER}}],
+            "users": [{"name": user, "user": {"token": self._tokens[user]}}],
+            "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
             "current-context": name,
         }
-        _write_private(self.kubeconfig_path, yaml.safe_dump(kubeconfig).encode())
 
 
 def _free_ports(count: int) -> list[int]:

@@ -164,3 +164,14 @@ def scheduler(
         yield Scheduler(control_plane, core_v1)
     finally:
         control_plane.stop_scheduler()
+
+
+@pytest.fixture(scope="session")
+def claim_controller(control_plane: ControlPlane) -> Iterator[None]:
+    """Run kube-controller-manager's resourceclaim controller for the rest of the session: it
+    makes the ResourceClaims of pods that name a ResourceClaimTemplate."""
+    control_plane.start_controller_manager()
+    try:
+        yield
+    finally:
+        control_plane.stop_controller_manager()

@@ -24,7 +24,7 @@ import yaml
 from kubernetes.client.exceptions import ApiException
 
 from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
-from tests.e2e.cluster import ControlPlane
+from tests.e2e.cluster import GPUADM_USER, ControlPlane
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
 from webhook.config.snapshot import revision_of
 
@@ -61,7 +61,8 @@ class GpuadmProcess:
                 "--namespace",
                 NAMESPACE,
                 "--kubeconfig",
-                str(self._plane.kubeconfig_path),
+                # As its own user, the one it trusts by default (its service account's name).
+                str(self._plane.kubeconfig_of(GPUADM_USER)),
                 "--cert-file",
                 str(self._tls.cert_file),
                 "--key-file",

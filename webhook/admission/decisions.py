@@ -5,7 +5,8 @@ Two error families meet here, each with its own channel: a pod that breaks a rul
 a review was refused earlier, as an HTTP 400, by the edge in `webhook.server.handlers`.
 
 `mutate` and `validate` take typed inputs only; the server binds them once, in its app
-factory, to the config holder, the quota gate and the trusted user.
+factory, to the config holder, the quota gate, the keepers of DRA claims and the users it
+trusts.
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from policies import (
     check_update,
     require_fixed_point,
 )
+from policies.claims import check_claim, check_named_claim, check_template, named_claims
 from policies.judge import QuotaVerdict
+from webhook.claims.lookup import Claims
+from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
 from webhook.quota.gate import QuotaGate
 from webhook.reviews import responses
 from webhook.reviews.in_turn import in_turn
-from webhook.reviews.request import AdmissionRequest
+from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, AdmissionRequest
 
 Outcome = Literal["allowed", "mutated", "denied", "warned", "error"]
 # A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
@@ -72,24 +76,34 @@ class Decision:
         return annotations
 
 
-async def mutate(request: AdmissionRequest, *, config: ConfigHolder) -> Decision:
+async def mutate(
+    request: AdmissionRequest, *, config: ConfigHolder, templates: Templates
+) -> Decision:
     """Rewrite a pod created with a GPU class into its backend's form."""
     try:
         snapshot = config.current
     except NoConfig as error:
         return Decision("error", f"{error}; retry")
-    return await mutate_under(request, snapshot)
+    return await mutate_under(request, snapshot, templates=templates)
 
 
-async def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
-    """Rewrite a pod under one given config snapshot (as `gpuadm review` does)."""
+async def mutate_under(
+    request: AdmissionRequest, config: ConfigSnapshot, *, templates: Templates
+) -> Decision:
+    """Rewrite a pod under one given config snapshot (as `gpuadm review` does).
+
+    The ResourceClaimTemplates a `dra` pod will name are made first, unless the request
+    is a dry run, which stores nothing.
+    """
     revisions = config.revisions
-    if request.operation != "CREATE" or _exempt(request, config):
+    if not request.is_pod or request.operation != "CREATE" or _exempt(request, config):
         return Decision("allowed", revisions=revisions)
     try:
         result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
         await _guard_in_turn(request, config, result.class_name)
-    except Denial as denial:
+        if result.claim_templates and not request.dry_run:
+            await templates.ensure(request.namespace, result.claim_templates)
+    except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
     outcome: Outcome = "mutated" if result.patch else "allowed"
     return Decision(
@@ -97,26 +111,49 @@ async def mutate_under(request: AdmissionRequest, config: ConfigSnapshot) -> Dec
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Trusted:
+    """Who may do what gpuadm refuses to others."""
+
+    # gpuadm itself: it changes its own labels and annotations, and writes its templates.
+    gpuadm: str = ""
+    # Kubernetes' resourceclaim controller: it makes the ResourceClaims of pods' templates.
+    claim_controllers: tuple[str, ...] = ()
+
+
 async def validate(
-    request: AdmissionRequest, *, config: ConfigHolder, quota: QuotaGate, trusted_user: str
+    request: AdmissionRequest,
+    *,
+    config: ConfigHolder,
+    quota: QuotaGate,
+    claims: Claims,
+    trusted: Trusted,
 ) -> Decision:
-    """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys."""
+    """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys;
+    and judge DRA claims and templates written in a governed namespace."""
     try:
         snapshot = config.current
     except NoConfig as error:
         return Decision("error", f"{error}; retry")
-    return await validate_under(request, snapshot, quota=quota, trusted_user=trusted_user)
+    return await validate_under(request, snapshot, quota=quota, claims=claims, trusted=trusted)
 
 
 async def validate_under(
-    request: AdmissionRequest, config: ConfigSnapshot, *, quota: QuotaGate, trusted_user: str
+    request: AdmissionRequest,
+    config: ConfigSnapshot,
+    *,
+    quota: QuotaGate,
+    claims: Claims,
+    trusted: Trusted,
 ) -> Decision:
-    """Judge a pod under one given config snapshot (as `gpuadm review` does)."""
+    """Judge a request under one given config snapshot (as `gpuadm review` does)."""
     revisions = config.revisions
     if _exempt(request, config):
         return Decision("allowed", revisions=revisions)
+    if not request.is_pod:
+        return _validate_claim_object(request, config, trusted)
     if request.operation == "UPDATE":
-        return _validate_update(request, config, trusted_user=trusted_user)
+        return _validate_update(request, config, trusted_user=trusted.gpuadm)
     if request.operation != "CREATE":
         return Decision("allowed", revisions=revisions)
     try:
@@ -125,7 +162,8 @@ async def validate_under(
         # after the retry that check asks for.
         await _guard_in_turn(request, config, planned.class_name)
         result = require_fixed_point(planned)
-    except Denial as denial:
+        await _check_named_claims(request, config, claims)
+    except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
     if result.class_name is None:
         return Decision("allowed", plan=result, revisions=revisions)
@@ -140,6 +178,40 @@ async def validate_under(
     return Decision(
         kind, verdict.message or "", warnings, result, quota=verdict, revisions=revisions
     )
+
+
+async def _check_named_claims(
+    request: AdmissionRequest, config: ConfigSnapshot, claims: Claims
+) -> None:
+    """Refuse a pod that names a claim holding GPUs, or one that does not exist yet."""
+    if not config.policy.guard.foreign_gpu_claims:
+        return
+    for name in named_claims(request.object):
+        check_named_claim(name, await claims.get(request.namespace, name), config.policy)
+
+
+def _validate_claim_object(
+    request: AdmissionRequest, config: ConfigSnapshot, trusted: Trusted
+) -> Decision:
+    """Judge a ResourceClaim or ResourceClaimTemplate (`policies.claims`)."""
+    revisions = config.revisions
+    policy = config.policy
+    if not policy.guard.foreign_gpu_claims or request.operation not in ("CREATE", "UPDATE"):
+        return Decision("allowed", revisions=revisions)
+    try:
+        if request.kind == CLAIM_TEMPLATE and not (
+            trusted.gpuadm and request.user == trusted.gpuadm
+        ):
+            check_template(request.object, policy, old=request.old_object)
+        elif (
+            request.kind == CLAIM
+            and request.operation == "CREATE"
+            and request.user not in trusted.claim_controllers
+        ):
+            check_claim(request.object, policy)
+    except Denial as denial:
+        return Decision("denied", denial.message, revisions=revisions)
+    return Decision("allowed", revisions=revisions)
 
 
 def _validate_update(

@@ -13,7 +13,9 @@ from typing import Any
 import jsonpatch
 import yaml
 
-from webhook.admission.decisions import mutate_under, validate_under
+from webhook.admission.decisions import Trusted, mutate_under, validate_under
+from webhook.claims.lookup import NoClaims
+from webhook.claims.templates import LABELS, NoTemplates
 from webhook.cli import flags
 from webhook.cli.config_files import load_config
 from webhook.cli.exits import CommandError, ExitCode
@@ -60,7 +62,8 @@ async def simulate_admission(
     pod: dict[str, Any], namespace: str, config: ConfigSnapshot
 ) -> dict[str, Any]:
     """Run the pod through /mutate then /validate, as the apiserver would."""
-    mutated = await mutate_under(_request(pod, namespace), config)
+    # A review is a dry run: nothing is made, and the templates are shown instead.
+    mutated = await mutate_under(_request(pod, namespace), config, templates=NoTemplates())
     result: dict[str, Any] = {
         "namespace": namespace,
         "allowed": mutated.outcome != "denied",
@@ -75,14 +78,16 @@ async def simulate_admission(
     # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
     ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
     validated = await validate_under(
-        _request(stored, namespace), config, quota=ledger, trusted_user=""
+        _request(stored, namespace), config, quota=ledger, claims=NoClaims(), trusted=Trusted()
     )
+    templates = mutated.plan.claim_templates if mutated.plan else ()
     result.update(
         allowed=validated.outcome != "denied",
         reason=validated.reason,
         warnings=list(dict.fromkeys([*mutated.warnings, *validated.warnings])),
         pod=stored,
         demand=mutated.plan.demand if mutated.plan else None,
+        claimTemplates=[t.manifest(namespace, labels=LABELS) for t in templates],
     )
     return result
 
@@ -117,6 +122,9 @@ def _print(result: dict[str, Any]) -> None:
         print(_indent(yaml.safe_dump(result["patch"], sort_keys=False)))
         print("pod after admission:")
         print(_indent(yaml.safe_dump(result["pod"], sort_keys=False)))
+        for template in result.get("claimTemplates") or ():
+            print("ResourceClaimTemplate gpuadm makes in the namespace, if it is missing:")
+            print(_indent(yaml.safe_dump(template, sort_keys=False)))
     else:
         print("patch: none (the pod is stored as written)")
 

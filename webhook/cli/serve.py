@@ -21,7 +21,7 @@ from webhook.observe import logs
 from webhook.observe.audit_log import AuditLog
 from webhook.server.lifecycle import Background
 from webhook.server.replica import cluster_app, standalone_app
-from webhook.server.settings import Settings
+from webhook.server.settings import CLAIM_CONTROLLERS, Settings
 from webhook.tls.keeper import TLSKeeper
 
 log = logging.getLogger("gpuadm")
@@ -59,8 +59,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     flags.add_tls_target(serve)
     serve.add_argument(
         "--trusted-user",
-        help="the only user allowed to change gpuadm's labels and annotations on a pod "
-        "(default: system:serviceaccount:<namespace>:gpuadm)",
+        help="the only user allowed to change gpuadm's labels and annotations on a pod, and "
+        "to write its ResourceClaimTemplates (default: system:serviceaccount:<namespace>:gpuadm)",
+    )
+    serve.add_argument(
+        "--claim-controller-user",
+        action="append",
+        metavar="USER",
+        help="a user of Kubernetes' resourceclaim controller, which alone makes ResourceClaims "
+        "for GPUs; repeat for each (default: " + ", ".join(CLAIM_CONTROLLERS) + ")",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -124,6 +131,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         quotas_file=args.quotas,
         namespace=args.namespace,
         trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
+        claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
     )
     _use_fast_loop()
     audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)

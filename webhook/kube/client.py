@@ -19,6 +19,7 @@ import orjson
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from policies import policy
 from webhook.kube.endpoint import Endpoint, file_or_none
 from webhook.kube.errors import KubeError, status_message
 
@@ -34,7 +35,7 @@ __all__ = [
 ]
 
 # The label on every object gpuadm creates for itself (usage records, its TLS Secret).
-MANAGED_BY = {"app.kubernetes.io/managed-by": "gpuadm"}
+MANAGED_BY = {policy.MANAGED_BY: policy.MANAGER}
 # The label that marks a usage record and names its tenant namespace (a ConfigMap's name
 # may be cut; a label value holds the whole namespace name).
 USAGE_RECORD_LABEL = "gpuadm.io/usage-for"

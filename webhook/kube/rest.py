@@ -16,6 +16,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
+from webhook.kube.client import LIST_PAGE_SIZE
 from webhook.kube.endpoint import Endpoint
 from webhook.kube.errors import KubeError, status_message
 
@@ -27,8 +28,11 @@ MAX_CONNECTIONS = 8
 CALL_TIMEOUT_SECONDS = 4.0
 
 
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
+
 class AsyncApi:
-    """ConfigMap and Namespace calls over one session, opened on first use."""
+    """ConfigMap, Namespace and DRA calls over one session, opened on first use."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         """Call the apiserver at `endpoint`."""
@@ -52,13 +56,50 @@ class AsyncApi:
         """Return a Namespace, or None if it does not exist."""
         return await self._call_or_none("GET", f"/api/v1/namespaces/{quote(name, safe='')}")
 
+    async def create_claim_template(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a ResourceClaimTemplate; a 409 means it exists."""
+        return await self._call(
+            "POST", _namespaced(RESOURCE_API, namespace, "resourceclaimtemplates"), body
+        )
+
+    async def delete_claim_template(self, namespace: str, name: str, uid: str) -> None:
+        """Delete a ResourceClaimTemplate if it is still the object `uid`; 404 and 409 are
+        raised as `KubeError`."""
+        path = _namespaced(RESOURCE_API, namespace, "resourceclaimtemplates", name)
+        await self._call("DELETE", path, {"preconditions": {"uid": uid}})
+
+    async def get_claim(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a ResourceClaim, or None if it does not exist."""
+        return await self._call_or_none(
+            "GET", _namespaced(RESOURCE_API, namespace, "resourceclaims", name)
+        )
+
+    async def list_all(self, path: str, label_selector: str) -> list[dict[str, Any]]:
+        """Return every object of a collection (e.g. `/api/v1/pods`) with the labels, page by
+        page."""
+        items: list[dict[str, Any]] = []
+        token = ""
+        while True:
+            query = f"?labelSelector={quote(label_selector, safe='')}&limit={LIST_PAGE_SIZE}"
+            if token:
+                query += f"&continue={quote(token, safe='')}"
+            page = await self._call("GET", path + query)
+            items += page.get("items") or []
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return items
+
     async def hold_open(self) -> None:
         """Keep the session for the life of the app; close it when cancelled."""
         try:
             await asyncio.Event().wait()
         finally:
-            if self._session is not None:
-                await self._session.close()
+            await self.close()
+
+    async def close(self) -> None:
+        """Close the session, if one is open."""
+        if self._session is not None:
+            await self._session.close()
 
     async def _call_or_none(self, method: str, path: str) -> dict[str, Any] | None:
         try:
@@ -100,6 +141,11 @@ class AsyncApi:
                 trust_env=False,
             )
         return self._session
+
+
+def _namespaced(api: str, namespace: str, resource: str, name: str | None = None) -> str:
+    path = f"{api}/namespaces/{quote(namespace, safe='')}/{resource}"
+    return path if name is None else f"{path}/{quote(name, safe='')}"
 
 
 def _configmap_path(namespace: str, name: str | None = None) -> str:

@@ -23,6 +23,10 @@ LARGE_REVIEW_BYTES = 64 * 1024
 Operation = Literal["CREATE", "UPDATE", "DELETE", "CONNECT"]
 _OPERATIONS = ("CREATE", "UPDATE", "DELETE", "CONNECT")
 POD = "Pod"
+# The DRA objects gpuadm judges, as `AdmissionRequest.kind` names them.
+CLAIM = "ResourceClaim.resource.k8s.io"
+CLAIM_TEMPLATE = "ResourceClaimTemplate.resource.k8s.io"
+JUDGED_KINDS = (POD, CLAIM, CLAIM_TEMPLATE)
 # The JSON type of each request field the apiserver sends; null stands for an absent field.
 _REQUEST_FIELDS: dict[str, tuple[type, str]] = {
     "kind": (dict, "an object"),
@@ -79,8 +83,14 @@ class AdmissionRequest:
 
     @property
     def is_pod(self) -> bool:
-        """Tell whether the review is of a core/v1 Pod, the only kind gpuadm judges."""
+        """Tell whether the review is of a core/v1 Pod."""
         return self.kind == POD
+
+    @property
+    def is_judged(self) -> bool:
+        """Tell whether the review is of a kind gpuadm judges: pods, and DRA claims and
+        templates."""
+        return self.kind in JUDGED_KINDS
 
     @property
     def pod_name(self) -> str:

@@ -9,6 +9,8 @@ from aiohttp import web
 
 from certs import CertificateReloader
 from webhook.admission import decisions
+from webhook.claims.lookup import Claims, NoClaims
+from webhook.claims.templates import NoTemplates, Templates
 from webhook.config.snapshot import ConfigHolder
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
@@ -25,6 +27,8 @@ def create_app(
     config: ConfigHolder,
     *,
     quota: QuotaGate | None = None,
+    templates: Templates | None = None,
+    claims: Claims | None = None,
     metrics: Metrics | None = None,
     audit: AuditLog | None = None,
     tls: CertificateReloader | None = None,
@@ -34,7 +38,9 @@ def create_app(
     """Build the whole webhook application; nothing is added to it after this returns.
 
     `config` holds the config in force; `quota` charges admitted pods (default: unlimited);
-    `audit` receives a record per decision; `tls` is the certificate reloader of the served
+    `templates` makes the ResourceClaimTemplates of dra pods and `claims` reads the claims
+    pods name (default: none, as when serving from files); `audit` receives a record per
+    decision; `tls` is the certificate reloader of the served
     context, polled for new files; `background` runs while the app serves; `readiness`
     checks are added to the config check behind /readyz.
     """
@@ -52,9 +58,13 @@ def create_app(
         max_review_bytes=settings.max_review_bytes,
         require_client_certificate=settings.client_ca_file is not None,
     )
-    mutate = partial(decisions.mutate, config=config)
+    mutate = partial(decisions.mutate, config=config, templates=templates or NoTemplates())
     validate = partial(
-        decisions.validate, config=config, quota=gate, trusted_user=settings.trusted_user
+        decisions.validate,
+        config=config,
+        quota=gate,
+        claims=claims or NoClaims(),
+        trusted=decisions.Trusted(settings.trusted_user, settings.claim_controllers),
     )
     app.router.add_post("/mutate", endpoint("mutate", mutate).handle)
     app.router.add_post("/validate", endpoint("validate", validate).handle)

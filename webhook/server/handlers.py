@@ -2,8 +2,8 @@
 
 - A body that is not a well-formed AdmissionReview is an HTTP 4xx whose body names what was
   wrong (413 too large, 415 not JSON, 400 malformed, naming the field and its value).
-- A well-formed review of another kind than Pod is not gpuadm's to judge: it is allowed, with
-  no patch, here, without reaching admission.
+- A well-formed review of another kind than a Pod, a ResourceClaim or a ResourceClaimTemplate
+  is not gpuadm's to judge: it is allowed, with no patch, here, without reaching admission.
 - A pod that breaks a rule, or that is merely odd (a field of the wrong type), is an HTTP 200
   review with `allowed: false` (webhook.admission and the core).
 - Any other failure is logged here with its traceback and answered with a review that still
@@ -115,10 +115,13 @@ class ReviewEndpoint:
             return decision, decision.review(review.uid)
 
     async def _decide(self, review: AdmissionRequest) -> Decision:
-        if not review.is_pod:
-            # The webhooks' rules send pods only, so this is a misrouted or hand-made review:
-            # well-formed, so not a 4xx, and nothing of gpuadm's to judge or rewrite.
-            return Decision("allowed", f"gpuadm judges Pods only; {review.kind} passes unchanged")
+        if not review.is_judged:
+            # The webhooks' rules send no other kind, so this is a misrouted or hand-made
+            # review: well-formed, so not a 4xx, and nothing of gpuadm's to judge or rewrite.
+            return Decision(
+                "allowed",
+                f"gpuadm judges Pods and DRA claims only; {review.kind} passes unchanged",
+            )
         return await self.decide(review)
 
     async def _read_body(self, request: web.Request) -> bytes:

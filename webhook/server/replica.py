@@ -9,6 +9,8 @@ from functools import partial
 from aiohttp import web
 
 from certs import CertificateReloader
+from webhook.claims.lookup import ClusterClaims
+from webhook.claims.templates import ClusterTemplates
 from webhook.config.configmap_source import ConfigMapSource
 from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
@@ -91,11 +93,14 @@ def cluster_app(
         namespace_exists=KnownNamespaces(api).exists,
     )
     export_quota(metrics, ledger, holder)
+    templates = ClusterTemplates(api, holder)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return create_app(
         settings,
         holder,
         quota=ledger,
+        templates=templates,
+        claims=ClusterClaims(api),
         metrics=metrics,
         audit=audit,
         tls=tls,
@@ -103,6 +108,7 @@ def cluster_app(
             Background("configmaps", config.run),
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger)),
+            Background("claim-templates", templates.run),
             Background("apiserver-session", api.hold_open),
             *extra,
         ],

@@ -9,6 +9,12 @@ from pathlib import Path
 # twice (object and oldObject), and JSON escaping can grow it further. 7 MiB admits every
 # review the apiserver can send and refuses anything larger before it is parsed.
 MAX_REVIEW_BYTES = 7 * 1024 * 1024
+# Who kube-controller-manager's resourceclaim controller is: its own service account with
+# --use-service-account-credentials (kubeadm's default), else the controller manager's user.
+CLAIM_CONTROLLERS = (
+    "system:serviceaccount:kube-system:resource-claim-controller",
+    "system:kube-controller-manager",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +38,10 @@ class Settings:
     namespace: str = "gpuadm-system"
     """gpuadm's own namespace, where its ConfigMaps and usage records live."""
     trusted_user: str = "system:serviceaccount:gpuadm-system:gpuadm"
-    """The only user allowed to change gpuadm's own labels and annotations on a pod."""
+    """The only user allowed to change gpuadm's own labels and annotations on a pod, and to
+    write its ResourceClaimTemplates."""
+    claim_controllers: tuple[str, ...] = CLAIM_CONTROLLERS
+    """The users of Kubernetes' resourceclaim controller: they alone make GPU claims."""
     max_review_bytes: int = MAX_REVIEW_BYTES
     """The largest request body read; larger ones get a 413 before parsing."""
     reload_seconds: float = 1.0

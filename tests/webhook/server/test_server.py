@@ -226,7 +226,7 @@ async def test_a_review_of_another_kind_is_allowed_without_patch(
         "allowed": True,
         "auditAnnotations": {
             "decision": "allowed",
-            "reason": f"gpuadm judges Pods only; {named} passes unchanged",
+            "reason": f"gpuadm judges Pods and DRA claims only; {named} passes unchanged",
         },
     }
 
@@ -260,8 +260,8 @@ def _nested(depth: int) -> Any:
         ),
         pytest.param(
             _odd("spec", "containers", 0, "resources", "claims", value=_nested(255)),
-            f'container "main": resources.claims: {"[" * 59}… nests lists and objects more '
-            "than 16 levels deep, deeper than any field of a pod",
+            f'container "main": resources.claims[0]: {"[" * 59}… is not a claim (an object '
+            "with a name)",
             id="resources-nested-255-deep",
         ),
         pytest.param(

@@ -69,6 +69,7 @@ hostPath under /dev/nvidia however spelt (policies/guard.py).
 {{- $prefixes := concat (list (printf "%s/" (include "gpuadm.domain" .))) .Values.gpuResources.prefixes .Values.gpuResources.extraPrefixes | uniq -}}
 {{- $names := concat .Values.gpuResources.names .Values.gpuResources.extraNames | uniq -}}
 object != null && has(object.spec) && (
+  (has(object.spec.resourceClaims) && size(object.spec.resourceClaims) > 0) ||
   (
     (has(object.spec.containers) ? object.spec.containers : []) +
     (has(object.spec.initContainers) ? object.spec.initContainers : [])

@@ -1,0 +1,1 @@
+"""DRA on the admission path: gpuadm's ResourceClaimTemplates, and the claims pods name."""
