@@ -49,6 +49,7 @@ class ClaimedDevices(NamedTuple):
     class_name: str
     devices: int
     template: str
+    entry: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +117,14 @@ def read_demand(
         for item in (_scan(ref, c, policy, templates) for ref, c in iter_containers(pod))
         if item
     ]
+    listed = {item.claimed.entry for item in found if item.claimed is not None}
+    for entry in templates.keys() - listed:
+        # The scheduler allocates every claim of the pod, listed by a container or not.
+        raise Denial(
+            f"spec.resourceClaims {entry!r} names ResourceClaimTemplate {templates[entry]} of "
+            f"gpuadm's, which no container lists; ask for {policy.domain}/<class> in the "
+            "container instead"
+        )
     if not found:
         return None
     class_name = _pod_class(pod, found, policy, namespace_default_class)
@@ -206,7 +215,7 @@ def _claimed(
                 f"{ref}: ResourceClaimTemplate {template} was written for class "
                 f"{parsed.class_name}, which is not a dra class of the policy"
             )
-        held = ClaimedDevices(parsed.class_name, parsed.devices, template)
+        held = ClaimedDevices(parsed.class_name, parsed.devices, template, name)
     return held
 
 
@@ -299,9 +308,12 @@ def _container_demand(
         return ContainerDemand(ref, Whole(int(count)), replaced_keys=frozenset({STANDARD_GPU}))
     for name, amount in item.raw.items():
         if not gpu_class.owns(name):
+            uses = ", ".join(sorted(gpu_class.resource_names())) or (
+                f"no extended resources (ask for {policy.domain}/{class_name})"
+            )
             raise Denial(
                 f"{ref}: {name} does not belong to class {class_name}, whose backend "
-                f"{gpu_class.backend_name()} uses {', '.join(sorted(gpu_class.resource_names()))}"
+                f"{gpu_class.backend_name()} uses {uses}"
             )
         if amount.denominator != 1 or amount < 0:
             raise Denial(f"{ref}: {name}: {format_amount(amount)} must be a whole number")

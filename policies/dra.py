@@ -32,7 +32,7 @@ from policies.models import dra_selector
 TEMPLATE_PREFIX = "gpuadm-"
 # The entry names of a pod's `spec.resourceClaims` that are gpuadm's, one per container.
 ENTRY_PREFIX = "gpuadm-"
-_ENTRY = re.compile(r"^gpuadm-(?P<kind>[ci])(?P<index>0|[1-9][0-9]{0,3})$")
+_ENTRY = re.compile(r"^gpuadm-(?P<kind>[ci])(?P<index>0|[1-9][0-9]{0,4})$")
 _TEMPLATE = re.compile(
     r"^gpuadm-(?P<class>[a-z0-9-]+)-(?P<count>[1-9][0-9]{0,3})-(?P<digest>[0-9a-f]{10})$"
 )

@@ -120,9 +120,9 @@ class Policy(Model):
     exempt_namespaces: list[str] = Field(default_factory=list)
     classes: dict[str, GpuClass]
     guard: Guard = Field(default_factory=Guard)
-    # The DeviceClasses whose devices are GPUs, besides those of the policy's dra classes:
-    # claims for them are gpuadm's alone (`guard.foreignGpuClaims`).
-    gpu_device_classes: list[str] = Field(default_factory=lambda: list(NVIDIA_DEVICE_CLASSES))
+    # More DeviceClasses whose devices are GPUs, besides NVIDIA's and those of the policy's
+    # dra classes: claims for them are gpuadm's alone (`guard.foreignGpuClaims`).
+    gpu_device_classes: list[str] = Field(default_factory=list)
 
     @field_validator("domain")
     @classmethod
@@ -189,8 +189,9 @@ class Policy(Model):
 
     @cached_property
     def gpu_device_class_names(self) -> frozenset[str]:
-        """Return every DeviceClass whose devices are GPUs: listed, or a dra class's."""
-        names = set(self.gpu_device_classes)
+        """Return every DeviceClass whose devices are GPUs: NVIDIA's, listed, or a dra
+        class's."""
+        names = {*NVIDIA_DEVICE_CLASSES, *self.gpu_device_classes}
         for gpu_class in self.classes.values():
             if isinstance(gpu_class, DraClass):
                 names.add(gpu_class.device_class_name)

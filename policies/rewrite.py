@@ -89,7 +89,8 @@ def plan(
         patch,
         tuple(dict.fromkeys(warnings)),
         demand_text,
-        tuple(templates.values()),
+        # One per name: containers that ask for the same count share a template.
+        tuple({t.name: t for t in templates.values()}.values()),
     )
 
 
@@ -201,10 +202,14 @@ def _rewrite_resources(
             current = values.get(name)
             if current is None or _amount_or_none(current) != amount:
                 values[name] = str(amount)
-        if values or side in rewritten:
+        if values:
             rewritten[side] = values
+        else:
+            rewritten.pop(side, None)  # a dra class's key was all there was
     if entry is not None:
-        claims = [c for c in rewritten.get("claims") or () if not is_entry_name(c.get("name", ""))]
+        claims = [
+            c for c in rewritten.get("claims") or () if not is_entry_name(c.get("name") or "")
+        ]
         rewritten["claims"] = [*claims, {"name": entry}]
     return rewritten
 
@@ -215,7 +220,7 @@ def _claim_ops(spec: Mapping[str, Any], templates: Mapping[str, ClaimTemplate]) 
     The pod's own entries stay, in their order; gpuadm's follow, in container order.
     """
     current = list(spec.get("resourceClaims") or ())
-    wanted = [c for c in current if not is_entry_name(c.get("name", ""))] + [
+    wanted = [c for c in current if not is_entry_name(c.get("name") or "")] + [
         {"name": entry, "resourceClaimTemplateName": template.name}
         for entry, template in templates.items()
     ]
