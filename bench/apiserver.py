@@ -9,6 +9,11 @@ Every namespace is made before gpuadm starts, each for one kind of create:
 | `noop`   | `example.com/gpu` | two webhooks that do nothing, then the ResourceQuota          |
 | `open`   | `gpuadm.io/h100`  | gpuadm's two webhooks, no quota                               |
 | `gated`  | `gpuadm.io/h100`  | gpuadm's two webhooks and its quota (a record write)          |
+| `dra-open`  | `gpuadm.io/h100-dra` | as `open`, for a `dra` class: a claim and its template |
+| `dra-gated` | `gpuadm.io/h100-dra` | as `gated`, for the `dra` class                     |
+
+A `dra` create also pays for its ResourceClaimTemplate: made by the first pod of a
+namespace, and asked for again (a 409) once a minute by each replica.
 
 Sequential creates go to one namespace of each kind, whose quota is never reached; bursts
 go to fresh namespaces, one per burst, whose quota 150 of the burst's 200 pods fit.
@@ -36,6 +41,15 @@ from tests.e2e.gpuadm import NAMESPACE, put_configmap
 
 NATIVE_RESOURCE = "example.com/gpu"
 GPUADM_RESOURCE = "gpuadm.io/h100"
+DRA_RESOURCE = "gpuadm.io/h100-dra"
+# The test policy, and the same H100s on the DRA path.
+BENCH_POLICY_YAML = (
+    POLICY_YAML
+    + """  h100-dra:
+    backend: dra
+    models: [NVIDIA H100 80GB HBM3]
+"""
+)
 BURST = 200
 FIT = 150
 # The sequential namespaces' quotas: never reached, so that every create pays the check.
@@ -47,6 +61,8 @@ SEQUENTIAL = {
     "noop": ("noop", NATIVE_RESOURCE),
     "open": ("open", GPUADM_RESOURCE),
     "gated": ("gated", GPUADM_RESOURCE),
+    "dra-open": ("dra-open", DRA_RESOURCE),
+    "dra-gated": ("dra-gated", DRA_RESOURCE),
 }
 # Each kind of burst: what its pods ask for, and how many gpuadm replicas answer (0: none).
 BURSTS = {
@@ -150,7 +166,7 @@ def _conflicts(deployment: Deployment) -> float:
 def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list[str]]) -> str:
     """Make every namespace and native quota; return gpuadm's quota config for its own."""
     gpuadm_limits = {"gated": ROOMY}
-    for name in (NAMESPACE, "plain", "open", "gated"):
+    for name in (NAMESPACE, "plain", "open", "gated", "dra-open", "dra-gated"):
         core.create_namespace({"metadata": {"name": name}})
     native_quota(core, "native", ROOMY)
     native_quota(core, "noop", ROOMY, labels={NOOP_LABEL: "true"})
@@ -162,9 +178,11 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
             else:
                 labels = {NOOP_LABEL: "true"} if kind == "noop" else {}
                 native_quota(core, name, FIT, labels=labels)
-    put_configmap(core, "gpuadm-policy", "policy.yaml", POLICY_YAML)
-    return "namespaces:\n" + "".join(
-        f"  {name}: {{h100: {limit}}}\n" for name, limit in gpuadm_limits.items()
+    put_configmap(core, "gpuadm-policy", "policy.yaml", BENCH_POLICY_YAML)
+    return (
+        "namespaces:\n"
+        + "".join(f"  {name}: {{h100: {limit}}}\n" for name, limit in gpuadm_limits.items())
+        + f"  dra-gated: {{h100-dra: {ROOMY}}}\n"
     )
 
 

@@ -140,6 +140,18 @@ def create_rows(api: dict[str, Any]) -> list[Row]:
         added_at_most("create, gpuadm quota vs gpuadm without (ms)", ms["gated"], ms["open"], 3),
         added_at_most("create, gpuadm quota vs plain (ms)", ms["gated"], ms["plain"], 8),
         context("create, gpuadm quota vs native ResourceQuota (ms)", ms["gated"], ms["native"]),
+        context(
+            "create, dra class vs device plugin, no quota (ms)",
+            ms["dra-open"],
+            ms["open"],
+            added=True,
+        ),
+        context(
+            "create, dra class vs device plugin, quota (ms)",
+            ms["dra-gated"],
+            ms["gated"],
+            added=True,
+        ),
     ]
 
 

@@ -218,3 +218,29 @@ def test_review_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     )
     assert "Traceback" not in result.stderr
     assert result.stdout == "v"
+
+
+def test_review_shows_the_claim_rewrite_and_the_template_of_a_dra_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("classes:\n  h100: {backend: dra, models: [NVIDIA H100 80GB HBM3]}\n")
+    path = write_pod(tmp_path, {"gpuadm.io/h100": "2"}, namespace="team-b")
+    assert main(["review", str(path), "--policy", str(policy), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (template,) = result["claimTemplates"]
+    name = template["metadata"]["name"]
+    assert result["pod"]["spec"]["resourceClaims"] == [
+        {"name": "gpuadm-c0", "resourceClaimTemplateName": name}
+    ]
+    assert result["pod"]["spec"]["containers"][0]["resources"] == {
+        "claims": [{"name": "gpuadm-c0"}]
+    }
+    assert template["metadata"]["namespace"] == "team-b"
+    (request,) = template["spec"]["spec"]["devices"]["requests"]
+    assert request["exactly"]["count"] == 2
+    assert request["exactly"]["deviceClassName"] == "gpu.nvidia.com"
+    assert main(["review", str(path), "--policy", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert "ResourceClaimTemplate gpuadm makes in the namespace, if it is missing:" in out
+    assert f"name: {name}" in out

@@ -1,0 +1,79 @@
+"""gpuadm's templates on the admission path: one create per template and replica while it is
+known to exist, a create that finds it there is success, and any other failure is the user's
+message. The apiserver's own answers are in tests/e2e/test_dra.py; here it is a stand-in
+that answers each create with a status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from policies import load_policy
+from policies.dra import DraClass
+from webhook.claims.templates import CONFIRMED_SECONDS, ClaimError, ClusterTemplates
+from webhook.config.snapshot import ConfigHolder
+from webhook.kube.errors import KubeError
+from webhook.kube.rest import AsyncApi
+
+POLICY = load_policy("classes:\n  h100: {backend: dra, models: [NVIDIA H100 80GB HBM3]}\n")
+GPU_CLASS = POLICY.classes["h100"]
+assert isinstance(GPU_CLASS, DraClass)
+TEMPLATE = GPU_CLASS.template("h100", 1)
+
+
+class Api:
+    """Answers creates with the next status of `answers` (201 when none is left)."""
+
+    def __init__(self, *answers: int) -> None:
+        self.answers = list(answers)
+        self.created: list[tuple[str, dict[str, Any]]] = []
+
+    async def create_claim_template(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.created.append((namespace, body))
+        status = self.answers.pop(0) if self.answers else 201
+        if status == 0 or status >= 400:  # 0: no answer at all
+            raise KubeError(status, f"HTTP {status}")
+        return body
+
+
+def keeper(api: Api, now: list[float]) -> ClusterTemplates:
+    stand_in: Any = api
+    typed: AsyncApi = stand_in
+    return ClusterTemplates(typed, ConfigHolder(), clock=lambda: now[0])
+
+
+async def test_a_template_is_made_once_while_it_is_known_to_exist() -> None:
+    api, now = Api(), [0.0]
+    templates = keeper(api, now)
+    for _ in range(3):
+        await templates.ensure("team-a", [TEMPLATE])
+    await templates.ensure("team-b", [TEMPLATE])
+    assert [namespace for namespace, _ in api.created] == ["team-a", "team-b"]
+    body = api.created[0][1]
+    assert body == TEMPLATE.manifest("team-a", labels={"app.kubernetes.io/managed-by": "gpuadm"})
+    now[0] += CONFIRMED_SECONDS
+    await templates.ensure("team-a", [TEMPLATE])
+    assert len(api.created) == 3
+
+
+async def test_a_template_someone_made_first_is_as_good_as_one_made_here() -> None:
+    api, now = Api(409), [0.0]
+    templates = keeper(api, now)
+    await templates.ensure("team-a", [TEMPLATE])
+    await templates.ensure("team-a", [TEMPLATE])
+    assert len(api.created) == 1
+
+
+@pytest.mark.parametrize("status", [403, 422, 500, 0])
+async def test_any_other_failure_is_the_pods_denial_and_is_asked_again(status: int) -> None:
+    api, now = Api(status), [0.0]
+    templates = keeper(api, now)
+    with pytest.raises(ClaimError) as failed:
+        await templates.ensure("team-a", [TEMPLATE])
+    assert failed.value.message.startswith(
+        f"could not make ResourceClaimTemplate {TEMPLATE.name} in namespace team-a: "
+    )
+    assert failed.value.message.endswith("; retry")
+    await templates.ensure("team-a", [TEMPLATE])
+    assert len(api.created) == 2
