@@ -42,8 +42,9 @@ REQUEST_NAME = "gpu"
 NVIDIA_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
 # A DNS label, as a DeviceClass name and a driver name are made of.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-# A claim request takes at most this many devices (the apiserver's own limit per request).
-MAX_DEVICES = 128
+# A claim's allocation holds at most this many devices (resource.k8s.io/v1
+# AllocationResultsMaxSize): the scheduler cannot allocate a claim for more.
+MAX_DEVICES = 32
 
 
 class DraClass(ClassBase):

@@ -18,6 +18,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from policies.classes import VirtualGpuClass
+from policies.dra import parse_template_name
 from policies.errors import Denial
 from policies.policy import STACK_NAMES, Guard, Policy, ResourceRole
 from policies.shapes import clipped, shown
@@ -259,18 +260,24 @@ def _mounting_containers(spec: Mapping[str, Any], volumes: set[str]) -> dict[str
 
 
 def _holds_gpus(spec: Mapping[str, Any], policy: Policy) -> bool:
-    """Tell whether any container's resources name a GPU resource the policy knows.
+    """Tell whether any container's resources name a GPU resource the policy knows, or the
+    pod names one of gpuadm's ResourceClaimTemplates (a `dra` class).
 
     A stored pod holds its backend's resources; its class cannot be planned again here,
     since the scheduler has set `nodeName`, which `plan` refuses for some classes.
     """
-    return any(
+    resources = any(
         policy.resource_kind(key).role is not ResourceRole.OTHER
         for field in ("initContainers", "containers")
         for container in _list(spec.get(field))
         for side in ("limits", "requests")
         for key in _mapping(_mapping(_mapping(container).get("resources")).get(side))
         if isinstance(key, str)
+    )
+    return resources or any(
+        isinstance(template, str) and parse_template_name(template) is not None
+        for entry in _list(spec.get("resourceClaims"))
+        for template in (_mapping(entry).get("resourceClaimTemplateName"),)
     )
 
 

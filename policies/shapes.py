@@ -61,6 +61,7 @@ def _check_claims(claims: list[Any], field: str, members: tuple[str, ...]) -> No
         claim = _item(claim, where, "a claim (an object with a name)")
         for member in members:
             _string(claim.get(member), f"{where}.{member}")
+        _bounded(claim, where)
 
 
 def check_metadata(pod: Mapping[str, Any], *, whose: str = "") -> None:

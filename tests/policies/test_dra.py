@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from fractions import Fraction
@@ -16,6 +17,7 @@ from policies import (
     Denial,
     Plan,
     Policy,
+    check_added_containers,
     load_policy,
     plan,
     plan_inputs,
@@ -452,14 +454,14 @@ def test_a_memory_cap_on_whole_dra_gpus_is_dropped_with_a_warning() -> None:
     assert result.charge == 1
 
 
-def test_a_claim_holds_at_most_128_devices() -> None:
-    _, result = apply(pod({"gpuadm.io/b200": "128"}))
-    assert result.charge == 128
-    assert result.claim_templates == (template_of(128),)
+def test_a_claim_holds_at_most_32_devices() -> None:
+    _, result = apply(pod({"gpuadm.io/b200": "32"}))
+    assert result.charge == 32
+    assert result.claim_templates == (template_of(32),)
     with pytest.raises(Denial) as denied:
-        plan(pod({"gpuadm.io/b200": "129"}), DRA_POLICY)
+        plan(pod({"gpuadm.io/b200": "33"}), DRA_POLICY)
     assert denied.value.message == (
-        'container "main" asks for 129 GPUs; a claim holds at most 128 devices (class b200)'
+        'container "main" asks for 33 GPUs; a claim holds at most 32 devices (class b200)'
     )
 
 
@@ -821,3 +823,18 @@ def test_entry_names_are_written_by_kind_and_index() -> None:
     for kind in ("containers", "initContainers"):
         for index in (0, 1, 10, 999, 9999):
             assert is_entry_name(entry_name(kind, index))
+
+
+def test_a_privileged_ephemeral_container_is_refused_in_a_dra_pod() -> None:
+    # A stored dra pod holds no GPU resource, only gpuadm's claim: the guard must still see
+    # a GPU pod, or `kubectl debug --profile=sysadmin` would reach every GPU of the node.
+    stored, _ = apply(pod({"gpuadm.io/b200": "1"}))
+    debugged = copy.deepcopy(stored)
+    debugged["spec"]["ephemeralContainers"] = [
+        {"name": "debug", "image": "busybox", "securityContext": {"privileged": True}}
+    ]
+    with pytest.raises(Denial) as denied:
+        check_added_containers(stored, debugged, DRA_POLICY)
+    assert 'ephemeral container "debug": securityContext.privileged=true in a GPU pod' in (
+        denied.value.message
+    )

@@ -138,7 +138,7 @@ def with_terms(terms: Any) -> dict[str, Any]:
         ),
         pytest.param(
             in_resources("claims", value=[nested(30)]),
-            f'container "main": resources.claims: {shown([nested(30)])} {TOO_DEEP}',
+            f'container "main": resources.claims[0].a: {shown(nested(30)["a"])} {TOO_DEEP}',
             id="resources-nested-30-deep",
         ),
         pytest.param(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from policies.dra import ClaimTemplate, DraClass, parse_template_name
-from policies.policy import MANAGED_BY, MANAGER, Policy
+from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import RESOURCE_API, AsyncApi
@@ -109,13 +109,39 @@ class ClusterTemplates:
                 namespace, template.manifest(namespace, labels=LABELS)
             )
         except KubeError as error:
-            if error.status == 409:
-                return  # made by another replica, or for an earlier pod
+            if error.status != 409:
+                raise ClaimError(
+                    f"could not make ResourceClaimTemplate {template.name} in namespace "
+                    f"{namespace}: {error}; retry"
+                ) from None
+            # Made by another replica, or for an earlier pod; or by someone else before
+            # gpuadm governed the namespace, which only its spec and label can tell.
+            await self._check_existing(namespace, template)
+            return
+        log.info("made ResourceClaimTemplate %s/%s", namespace, template.name)
+
+    async def _check_existing(self, namespace: str, template: ClaimTemplate) -> None:
+        try:
+            found = await self.api.get_claim_template(namespace, template.name)
+        except KubeError as error:
             raise ClaimError(
-                f"could not make ResourceClaimTemplate {template.name} in namespace "
+                f"could not read ResourceClaimTemplate {template.name} in namespace "
                 f"{namespace}: {error}; retry"
             ) from None
-        log.info("made ResourceClaimTemplate %s/%s", namespace, template.name)
+        if found is None:
+            raise ClaimError(
+                f"ResourceClaimTemplate {template.name} in namespace {namespace} was deleted "
+                "as it was made; retry"
+            )
+        labels = (found.get("metadata") or {}).get("labels") or {}
+        if (
+            labels.get(MANAGED_BY) != MANAGER
+            or (found.get("spec") or {}).get("spec") != template.spec
+        ):
+            raise ClaimError(
+                f"ResourceClaimTemplate {template.name} in namespace {namespace} bears gpuadm's "
+                "name but is not gpuadm's (another label or spec); an admin must delete it"
+            )
 
     def _confirm(self, key: tuple[str, str], now: float) -> None:
         self._confirmed.pop(key, None)
@@ -130,8 +156,12 @@ class ClusterTemplates:
             f"{RESOURCE_API}/resourceclaimtemplates", f"{MANAGED_BY}={MANAGER}"
         )
         existing = {_key(t): (t.get("metadata") or {}).get("uid", "") for t in stored}
+        # Classes of templates written under earlier policies too; only valid class names,
+        # since they go into the pods' label selector.
         classes = _dra_classes(policy) | {
-            parsed.class_name for _, name in existing if (parsed := parse_template_name(name))
+            parsed.class_name
+            for _, name in existing
+            if (parsed := parse_template_name(name)) and CLASS_NAME.match(parsed.class_name)
         }
         named = await self._named_templates(policy, classes)
         now = self.clock()

@@ -62,6 +62,11 @@ class AsyncApi:
             "POST", _namespaced(RESOURCE_API, namespace, "resourceclaimtemplates"), body
         )
 
+    async def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a ResourceClaimTemplate, or None if it does not exist."""
+        path = _namespaced(RESOURCE_API, namespace, "resourceclaimtemplates", name)
+        return await self._call_or_none("GET", path)
+
     async def delete_claim_template(self, namespace: str, name: str, uid: str) -> None:
         """Delete a ResourceClaimTemplate if it is still the object `uid`; 404 and 409 are
         raised as `KubeError`."""

@@ -25,9 +25,13 @@ TEMPLATE = GPU_CLASS.template("h100", 1)
 class Api:
     """Answers creates with the next status of `answers` (201 when none is left)."""
 
-    def __init__(self, *answers: int) -> None:
+    def __init__(self, *answers: int, existing: dict[str, Any] | None = None) -> None:
         self.answers = list(answers)
         self.created: list[tuple[str, dict[str, Any]]] = []
+        self.existing = existing
+
+    async def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.existing
 
     async def create_claim_template(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         self.created.append((namespace, body))
@@ -57,12 +61,34 @@ async def test_a_template_is_made_once_while_it_is_known_to_exist() -> None:
     assert len(api.created) == 3
 
 
-async def test_a_template_someone_made_first_is_as_good_as_one_made_here() -> None:
-    api, now = Api(409), [0.0]
+OURS = TEMPLATE.manifest("team-a", labels={"app.kubernetes.io/managed-by": "gpuadm"})
+
+
+async def test_a_template_another_replica_made_first_is_as_good_as_one_made_here() -> None:
+    api, now = Api(409, existing=OURS), [0.0]
     templates = keeper(api, now)
     await templates.ensure("team-a", [TEMPLATE])
     await templates.ensure("team-a", [TEMPLATE])
     assert len(api.created) == 1
+
+
+@pytest.mark.parametrize(
+    "existing",
+    [
+        pytest.param({**OURS, "metadata": {"name": TEMPLATE.name}}, id="without-gpuadms-label"),
+        pytest.param({**OURS, "spec": {"spec": GPU_CLASS.claim_spec(8)}}, id="with-another-spec"),
+    ],
+)
+async def test_a_template_under_gpuadms_name_that_is_not_gpuadms_is_not_used(
+    existing: dict[str, Any],
+) -> None:
+    api, now = Api(409, existing=existing), [0.0]
+    with pytest.raises(ClaimError) as refused:
+        await keeper(api, now).ensure("team-a", [TEMPLATE])
+    assert refused.value.message == (
+        f"ResourceClaimTemplate {TEMPLATE.name} in namespace team-a bears gpuadm's name but is "
+        "not gpuadm's (another label or spec); an admin must delete it"
+    )
 
 
 @pytest.mark.parametrize("status", [403, 422, 500, 0])
