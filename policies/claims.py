@@ -48,24 +48,12 @@ def check_template(
                 f"{MANAGED_BY} label): only gpuadm writes it; ask for {policy.domain}/<class> "
                 "in a pod's container and gpuadm names the template"
             )
-    gpu = _gpu_classes(_spec(template.get("spec"), "spec"), policy)
-    if gpu:
-        raise Denial(
-            f"ResourceClaimTemplate requests DeviceClass {', '.join(gpu)}: in this namespace "
-            f"GPUs come through gpuadm's classes; ask for {policy.domain}/<class> in a pod's "
-            "container instead"
-        )
+    _refuse_gpus("ResourceClaimTemplate", _spec(template.get("spec"), "spec"), policy)
 
 
 def check_claim(claim: Mapping[str, Any], policy: Policy) -> None:
     """Refuse a ResourceClaim for GPUs made by anyone but the resourceclaim controller."""
-    gpu = _gpu_classes(claim.get("spec"), policy)
-    if gpu:
-        raise Denial(
-            f"ResourceClaim requests DeviceClass {', '.join(gpu)}: in this namespace GPUs come "
-            f"through gpuadm's classes; ask for {policy.domain}/<class> in a pod's container "
-            "instead"
-        )
+    _refuse_gpus("ResourceClaim", claim.get("spec"), policy)
 
 
 def named_claims(pod: Mapping[str, Any]) -> list[str]:
@@ -90,6 +78,17 @@ def check_named_claim(name: str, claim: Mapping[str, Any] | None, policy: Policy
             f"spec.resourceClaims names ResourceClaim {shown(name)}, which holds devices of "
             f"DeviceClass {', '.join(gpu)}: GPUs come through gpuadm's classes, one claim per "
             f"pod; ask for {policy.domain}/<class> in the container instead"
+        )
+
+
+def _refuse_gpus(kind: str, spec: object, policy: Policy) -> None:
+    """Refuse a claim or template spec that requests a GPU DeviceClass."""
+    gpu = _gpu_classes(spec, policy)
+    if gpu:
+        raise Denial(
+            f"{kind} requests DeviceClass {', '.join(gpu)}: in this namespace GPUs come "
+            f"through gpuadm's classes; ask for {policy.domain}/<class> in a pod's container "
+            "instead"
         )
 
 

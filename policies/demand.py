@@ -21,6 +21,8 @@ from policies.quantity import QuantityError, format_amount, parse_quantity
 from policies.shapes import clipped, shown
 
 ContainerKind = Literal["initContainers", "containers"]
+# A pod in one of these phases has ended: it holds no GPU, and no claim of its counts.
+TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from policies.demand import TERMINAL_PHASES
 from policies.dra import ClaimTemplate, DraClass, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
 from webhook.config.snapshot import ConfigHolder
@@ -39,7 +40,6 @@ SWEEP_SECONDS = 30.0
 UNUSED_GRACE_SECONDS = 300.0
 # Templates remembered as confirmed, at most: past it the oldest are asked for again.
 MAX_CONFIRMED = 4096
-TERMINAL_PHASES = ("Succeeded", "Failed")
 LABELS = {MANAGED_BY: MANAGER}
 
 

@@ -14,9 +14,9 @@ from fractions import Fraction
 from typing import Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
+from policies.demand import TERMINAL_PHASES
 
 log = logging.getLogger("gpuadm.usage")
-TERMINAL_PHASES = ("Succeeded", "Failed")
 
 
 @dataclass(frozen=True, slots=True)
