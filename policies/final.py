@@ -8,6 +8,7 @@ from typing import Any
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
+from policies.queue import gate_name, is_gated
 from policies.rewrite import Plan, plan
 from policies.shapes import check_metadata
 
@@ -37,7 +38,8 @@ def require_fixed_point(result: Plan) -> Plan:
 
 
 def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy) -> None:
-    """Refuse an update that adds, changes or removes gpuadm's labels or annotations.
+    """Refuse an update that adds, changes or removes gpuadm's labels or annotations, or
+    removes gpuadm's scheduling gate.
 
     gpuadm's annotations are those of its domain and those with which a pod chooses its
     devices (`nvidia.com/use-gputype`, ...): changed on a pending pod, the latter would send
@@ -58,6 +60,13 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
         raise Denial(
             f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "
             "and demand and choose its GPU model, and cannot change after creation"
+        )
+    gate = gate_name(policy)
+    if is_gated(old, gate) and not is_gated(new, gate):
+        raise Denial(
+            f"the scheduling gate {gate} may be removed by gpuadm only: it holds the pod in "
+            "line until its namespace's GPU quota has room, and is removed when the pod is "
+            "charged"
         )
 
 

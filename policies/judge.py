@@ -5,10 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Literal
 
 from policies.quantity import format_amount
-from policies.quotas import ALL_CLASSES
+from policies.quotas import ALL_CLASSES, Mode
 
 # Above this share of a limit, an admitted pod carries a warning that the quota is nearly used.
 NEARLY_FULL = Fraction(9, 10)
@@ -24,6 +23,10 @@ class QuotaVerdict:
     in_use: Fraction = Fraction(0)
     limit: Fraction | None = None
     would_deny: bool = False
+    # Held behind gpuadm's scheduling gate (queue mode): allowed, charged only when released.
+    queued: bool = False
+    # The limits the request did not fit ("*" for the cap across classes).
+    exceeded: tuple[str, ...] = ()
 
 
 def judge(
@@ -33,32 +36,33 @@ def judge(
     requested: Fraction,
     in_use: Mapping[str, Fraction],
     limits: Mapping[str, Fraction],
-    mode: Literal["enforce", "warn"] = "enforce",
+    mode: Mode = "enforce",
 ) -> QuotaVerdict:
     """Judge a request of `requested` GPUs of `class_name` against the namespace's limits.
 
     `in_use` maps each class to the GPUs the namespace already holds (pods and reservations).
     A class without a limit is unlimited, as in a native ResourceQuota; a limit of 0 forbids.
     `*` caps the sum over all classes. In `warn` mode an excess is admitted with a warning,
-    and `would_deny` records what `enforce` would have done.
+    and `would_deny` records what `enforce` would have done. `queue` judges as `enforce`
+    does; the caller holds a pod that does not fit instead of refusing it.
     """
     class_used = in_use.get(class_name, Fraction(0))
     checks = []
     if class_name in limits:
-        checks.append((class_name, class_used, limits[class_name]))
+        checks.append((class_name, class_name, class_used, limits[class_name]))
     if ALL_CLASSES in limits:
         total = sum(in_use.values(), Fraction(0))
-        checks.append((f'all classes ("{ALL_CLASSES}")', total, limits[ALL_CLASSES]))
+        checks.append((ALL_CLASSES, _ALL_LABEL, total, limits[ALL_CLASSES]))
     warnings = []
-    for label, used, limit in checks:
+    for key, label, used, limit in checks:
         if used + requested > limit:
             message = (
                 f'namespace "{namespace}": {label} quota exceeded: requested '
                 f"{format_amount(requested)}, in use {format_amount(used)} of "
                 f"{format_amount(limit)}"
             )
-            if mode == "enforce":
-                return QuotaVerdict(False, message, (), used, limit)
+            if mode != "warn":
+                return QuotaVerdict(False, message, (), used, limit, exceeded=(key,))
             return QuotaVerdict(
                 True,
                 message,
@@ -66,6 +70,7 @@ def judge(
                 used,
                 limit,
                 would_deny=True,
+                exceeded=(key,),
             )
         if limit and (used + requested) / limit > NEARLY_FULL:
             percent = int((used + requested) * 100 / limit)
@@ -75,3 +80,24 @@ def judge(
             )
     limit_of_class = limits.get(class_name)
     return QuotaVerdict(True, None, tuple(warnings), class_used, limit_of_class)
+
+
+_ALL_LABEL = f'all classes ("{ALL_CLASSES}")'
+
+
+def never_fits(
+    *, namespace: str, class_name: str, requested: Fraction, limits: Mapping[str, Fraction]
+) -> str | None:
+    """Say why a request can never fit its namespace's limits, however much is freed; or None.
+
+    In queue mode such a pod is refused at once rather than left waiting for ever.
+    """
+    for key, label in ((class_name, class_name), (ALL_CLASSES, _ALL_LABEL)):
+        limit = limits.get(key)
+        if limit is not None and requested > limit:
+            return (
+                f'namespace "{namespace}": {label} quota exceeded: requested '
+                f"{format_amount(requested)}, more than the whole limit of "
+                f"{format_amount(limit)}, so the pod could never run"
+            )
+    return None

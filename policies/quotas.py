@@ -13,6 +13,11 @@ from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
 
 ALL_CLASSES = "*"
+# enforce: refuse what does not fit; warn: admit it with a warning; queue: hold it behind a
+# scheduling gate until it fits (policies/queue.py).
+Mode = Literal["enforce", "warn", "queue"]
+# Keys of a namespace's entry that are not limits.
+ENTRY_KEYS = ("defaultClass", "mode")
 
 
 def _limit(value: object) -> Fraction:
@@ -35,9 +40,10 @@ def _check_limit_keys(limits: Mapping[str, object]) -> None:
 
 
 class NamespaceQuota(Model):
-    """One namespace's entry: its default class and a limit per class (and `*` for all)."""
+    """One namespace's entry: its default class, its mode, and a limit per class (and `*`)."""
 
     default_class: str | None = None
+    mode: Mode | None = None
     limits: dict[str, Limit] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -46,15 +52,15 @@ class NamespaceQuota(Model):
         # In the file, limits sit beside `defaultClass`, as a ResourceQuota's `hard` would.
         if not isinstance(data, Mapping) or "limits" in data:
             return data
-        limits = {k: v for k, v in data.items() if k != "defaultClass"}
+        limits = {k: v for k, v in data.items() if k not in ENTRY_KEYS}
         _check_limit_keys(limits)
-        return {"defaultClass": data.get("defaultClass"), "limits": limits}
+        return {**{k: data[k] for k in ENTRY_KEYS if k in data}, "limits": limits}
 
 
 class QuotaConfig(Model):
     """The whole `quotas.yaml`."""
 
-    mode: Literal["enforce", "warn"] = "enforce"
+    mode: Mode = "enforce"
     default: dict[str, Limit] = Field(default_factory=dict)
     namespaces: dict[str, NamespaceQuota] = Field(default_factory=dict)
 
@@ -69,6 +75,11 @@ class QuotaConfig(Model):
         """Return a namespace's limits: its own entry, or `default` when it has none."""
         entry = self.namespaces.get(namespace)
         return entry.limits if entry is not None else self.default
+
+    def mode_for(self, namespace: str) -> Mode:
+        """Return the namespace's mode: its own, or the file's."""
+        entry = self.namespaces.get(namespace)
+        return entry.mode if entry is not None and entry.mode is not None else self.mode
 
     def default_class_for(self, namespace: str) -> str | None:
         """Return the namespace's default class, if its entry names one."""

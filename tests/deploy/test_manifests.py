@@ -40,7 +40,7 @@ CERT_MANAGER_GROUP = "cert-manager.io"
 
 Obj = dict[str, Any]
 
-HELM_TEMPLATE = ("template", "gpuadm", "deploy/helm/gpuadm")
+HELM_TEMPLATE = ("template", "gpuadm", "deploy/helm/gpuadm", "--include-crds")
 RENDERS: dict[str, tuple[str, ...]] = {
     "kustomize-base": ("kustomize", "build", "deploy/base"),
     "kustomize-cert-manager": ("kustomize", "build", "deploy/cert-manager"),
@@ -363,6 +363,7 @@ def test_cert_manager_check_catches_a_misspelt_field(render: Render) -> None:
 def test_namespaced_objects_are_in_gpuadm_namespace(rendered: Rendered) -> None:
     cluster_scoped = {
         "Namespace",
+        "CustomResourceDefinition",
         "ClusterRole",
         "ClusterRoleBinding",
         "MutatingWebhookConfiguration",
@@ -539,7 +540,9 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
     assert _rules(rendered.one("ClusterRole")) == sorted(
         [
             ("", "namespaces", (), read),
-            ("", "pods", (), read),
+            ("", "pods", (), ("get", "list", "patch", "watch")),
+            ("", "events", (), ("create", "get", "update")),
+            ("gpuadm.io", "gpuquotas", (), ("create", "delete", "get", "list", "update")),
             ("resource.k8s.io", "resourceclaims", (), ("get",)),
             ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
             (
@@ -567,8 +570,16 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
             ("", "events", (), ("create", "patch")),
             ("", "secrets", ("gpuadm-tls",), ("get", "patch", "update")),
             ("", "secrets", (), ("create",)),
+            ("coordination.k8s.io", "leases", ("gpuadm-leader",), ("get", "update")),
+            ("coordination.k8s.io", "leases", (), ("create",)),
         ]
     )
+    # Tenants read GPUQuota objects through view, edit and admin, and can do nothing more.
+    viewer = rendered.one("ClusterRole", "gpuadm-quota-view")
+    assert _rules(viewer) == [("gpuadm.io", "gpuquotas", (), read)]
+    assert {
+        f"rbac.authorization.k8s.io/aggregate-to-{role}" for role in ("view", "edit", "admin")
+    } <= {k for k, v in viewer["metadata"]["labels"].items() if v == "true"}
     for kind in ("ClusterRole", "Role"):
         for group, resource, _, verbs in _rules(rendered.one(kind)):
             assert "*" not in (group, resource, *verbs)
@@ -603,6 +614,13 @@ def test_configmaps_hold_the_example_config(rendered: Rendered) -> None:
         data = rendered.one("ConfigMap", name)["data"]
         assert list(data) == [key]
         assert yaml.safe_load(data[key]) == yaml.safe_load((EXAMPLES / key).read_text())
+
+
+def test_helm_and_kustomize_ship_one_gpuquota_crd() -> None:
+    """Helm installs CRDs from crds/, kustomize from deploy/base: one file, two copies."""
+    assert (REPO / "deploy/helm/gpuadm/crds/gpuquotas.yaml").read_text() == (
+        REPO / "deploy/base/crd.yaml"
+    ).read_text()
 
 
 @pytest.mark.parametrize("key", ["policy.yaml", "quotas.yaml"])

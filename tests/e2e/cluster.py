@@ -4,8 +4,8 @@ This plays the role controller-runtime's envtest plays for Go projects: the
 real kube-apiserver, kube-scheduler, kube-controller-manager and etcd binaries,
 built from their published Go modules by ``controlplane/build.sh``, run as
 local processes on free loopback ports. The scheduler runs only once
-``start_scheduler()`` is called, and the controller manager, with its
-resourceclaim controller alone, once ``start_controller_manager()`` is. There
+``start_scheduler()`` is called, and the controller manager, with the few
+controllers the suite needs, once ``start_controller_manager()`` is. There
 is no kubelet: pods are stored and admitted, and with the scheduler and nodes
 created through the API they are bound to a node (``spec.nodeName``), but
 they never run and stay ``Pending``.
@@ -263,11 +263,16 @@ class ControlPlane:
         )
 
     def start_controller_manager(self) -> None:
-        """Start kube-controller-manager with its resourceclaim controller alone.
+        """Start kube-controller-manager with the three controllers the suite needs.
 
-        It makes the ResourceClaim of each pod that names a ResourceClaimTemplate, as
-        ``<pod>-<entry>-<random>``, and records it in the pod's status; the scheduler then
-        allocates it. Nothing else of a controller manager runs.
+        - resourceclaim: makes the ResourceClaim of each pod that names a
+          ResourceClaimTemplate, as ``<pod>-<entry>-<random>``, and records it in the pod's
+          status; the scheduler then allocates it.
+        - job: makes the pods of Jobs, and makes them again when they are deleted.
+        - clusterrole-aggregation: fills ``view``, ``edit`` and ``admin`` with the rules of the
+          ClusterRoles labelled to aggregate into them.
+
+        Nothing else of a controller manager runs.
         """
         if "kube-controller-manager" in self._processes:
             raise ControlPlaneError("the controller manager is already started")
@@ -278,7 +283,8 @@ class ControlPlane:
             [
                 str(self._bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig_of(CONTROLLER_MANAGER_USER)}",
-                "--controllers=resourceclaim-controller",
+                "--controllers=resourceclaim-controller,job-controller,"
+                "clusterrole-aggregation-controller",
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
                 "--secure-port=0",

@@ -21,6 +21,7 @@ from tests.e2e.gpuadm import (
     SCHEDULER_NAMES,
     Balancer,
     GpuadmProcess,
+    install_quota_view,
     make_tls,
     put_configmap,
     register_webhooks,
@@ -128,6 +129,7 @@ def gpuadm(
         core_v1.create_namespace({"metadata": {"name": NAMESPACE}})
     put_configmap(core_v1, "gpuadm-policy", "policy.yaml", POLICY_YAML)
     put_configmap(core_v1, "gpuadm-quotas", "quotas.yaml", "")
+    install_quota_view(api_client)
     processes = [GpuadmProcess(control_plane, tls, workdir, index) for index in range(3)]
     balancer = Balancer()
     try:
@@ -167,9 +169,10 @@ def scheduler(
 
 
 @pytest.fixture(scope="session")
-def claim_controller(control_plane: ControlPlane) -> Iterator[None]:
-    """Run kube-controller-manager's resourceclaim controller for the rest of the session: it
-    makes the ResourceClaims of pods that name a ResourceClaimTemplate."""
+def controller_manager(control_plane: ControlPlane) -> Iterator[None]:
+    """Run kube-controller-manager for the rest of the session: its resourceclaim controller
+    (the ResourceClaims of pods that name a ResourceClaimTemplate), its job controller and
+    its clusterrole-aggregation controller (`ControlPlane.start_controller_manager`)."""
     control_plane.start_controller_manager()
     try:
         yield

@@ -30,6 +30,7 @@ from webhook.config.snapshot import revision_of
 
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
+LEASE_SECONDS = 3
 # Every scheduler a backend sends pods to; one kube-scheduler serves them all as profiles.
 SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano")
 
@@ -70,12 +71,25 @@ class GpuadmProcess:
                 # Reviews from the apiserver only, as docs/deploy.md sets it up.
                 "--client-ca-file",
                 str(self._plane.webhook_client_ca_file),
+                # A dead leader's Lease runs out in 3 s rather than 15, to keep tests short.
+                "--lease-seconds",
+                str(LEASE_SECONDS),
                 log=log,
             )
         wait_until_listening(self.process, self.port, self.log_tail)
         wait_until(
             lambda: self._get("/healthz")[0] == 200, f"gpuadm on port {self.port}", self.log_tail
         )
+
+    def kill(self) -> None:
+        """Kill the process at once (SIGKILL), as a node failure would: no clean shutdown."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def leading(self) -> bool:
+        """Tell whether this replica holds the Lease (it says so in its metrics)."""
+        return self.metric("gpuadm_queue_leader") == 1
 
     def stop(self) -> None:
         """Stop the process."""
@@ -212,6 +226,32 @@ def shipped_webhook_configurations() -> list[dict[str, Any]]:
                 found.append(document)
     assert len(found) == 2, f"expected two webhook configurations in {DEPLOY_BASE}, got {found}"
     return found
+
+
+def install_quota_view(api: kubernetes.client.ApiClient) -> None:
+    """Create the GPUQuota CRD and its aggregated viewer role as deploy/base ships them, and
+    wait until the CRD is served."""
+    documents = [
+        *yaml.safe_load_all((DEPLOY_BASE / "crd.yaml").read_text()),
+        *yaml.safe_load_all((DEPLOY_BASE / "clusterrole.yaml").read_text()),
+    ]
+    extensions = kubernetes.client.ApiextensionsV1Api(api)
+    rbac = kubernetes.client.RbacAuthorizationV1Api(api)
+    for document in documents:
+        if document["kind"] == "CustomResourceDefinition":
+            with contextlib.suppress(ApiException):
+                extensions.create_custom_resource_definition(document)
+        elif document["metadata"]["name"] == "gpuadm-quota-view":
+            with contextlib.suppress(ApiException):
+                rbac.create_cluster_role(document)
+
+    def established() -> bool:
+        crd = extensions.read_custom_resource_definition("gpuquotas.gpuadm.io")
+        return any(
+            c.type == "Established" and c.status == "True" for c in crd.status.conditions or ()
+        )
+
+    wait_until(established, "the GPUQuota CRD to be established")
 
 
 def register_webhooks(

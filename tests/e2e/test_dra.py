@@ -62,7 +62,7 @@ def dra_cluster(
     gpuadm: Deployment,
     api_client: kubernetes.client.ApiClient,
     scheduler: Scheduler,
-    claim_controller: None,
+    controller_manager: None,
 ) -> Iterator[None]:
     """Serve the DRA policy on the DRA and device-plugin pools; then the test policy again."""
     gpuadm.set_policy(DRA_POLICY_YAML)

@@ -111,7 +111,7 @@ def test_policy_errors_name_line_field_and_value(text: str, expected: str) -> No
     [
         pytest.param(
             "mode: strict\n",
-            "quotas.yaml:1: mode: Input should be 'enforce' or 'warn'",
+            "quotas.yaml:1: mode: Input should be 'enforce', 'warn' or 'queue'",
             id="unknown-mode",
         ),
         pytest.param(

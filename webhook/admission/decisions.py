@@ -24,6 +24,7 @@ from policies import (
 )
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
 from policies.judge import QuotaVerdict
+from policies.queue import add_gate, gate_name, is_gated
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
@@ -32,7 +33,8 @@ from webhook.reviews import responses
 from webhook.reviews.in_turn import in_turn
 from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, AdmissionRequest
 
-Outcome = Literal["allowed", "mutated", "denied", "warned", "error"]
+# queued: admitted behind gpuadm's scheduling gate, to wait in line for quota (queue mode).
+Outcome = Literal["allowed", "mutated", "denied", "warned", "queued", "error"]
 # A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
 # 1 KiB holds any one denial message; the whole message is in gpuadm's own audit record.
 AUDIT_VALUE_MAX = 1024
@@ -77,23 +79,24 @@ class Decision:
 
 
 async def mutate(
-    request: AdmissionRequest, *, config: ConfigHolder, templates: Templates
+    request: AdmissionRequest, *, config: ConfigHolder, templates: Templates, quota: QuotaGate
 ) -> Decision:
     """Rewrite a pod created with a GPU class into its backend's form."""
     try:
         snapshot = config.current
     except NoConfig as error:
         return Decision("error", f"{error}; retry")
-    return await mutate_under(request, snapshot, templates=templates)
+    return await mutate_under(request, snapshot, templates=templates, quota=quota)
 
 
 async def mutate_under(
-    request: AdmissionRequest, config: ConfigSnapshot, *, templates: Templates
+    request: AdmissionRequest, config: ConfigSnapshot, *, templates: Templates, quota: QuotaGate
 ) -> Decision:
     """Rewrite a pod under one given config snapshot (as `gpuadm review` does).
 
-    The ResourceClaimTemplates a `dra` pod will name are made first, unless the request
-    is a dry run, which stores nothing.
+    In a queue namespace a pod that must wait is also given gpuadm's scheduling gate. The
+    ResourceClaimTemplates a `dra` pod will name are made first, unless the request is a dry
+    run, which stores nothing.
     """
     revisions = config.revisions
     if not request.is_pod or request.operation != "CREATE" or _exempt(request, config):
@@ -101,14 +104,37 @@ async def mutate_under(
     try:
         result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
         await _guard_in_turn(request, config, result.class_name)
+        wait = _should_wait(request, config, result, quota)
+        if wait is not None and not wait.allowed:
+            raise Denial(wait.message or "GPU quota exceeded")
         if result.claim_templates and not request.dry_run:
             await templates.ensure(request.namespace, result.claim_templates)
     except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
+    if wait is not None:
+        gate = gate_name(config.policy)
+        note = f"{wait.message}: the pod waits in line behind the scheduling gate {gate}"
+        return Decision(
+            "queued",
+            note,
+            (*result.warnings, note),
+            plan=result,
+            patch=[*result.patch, add_gate(request.object, gate)],
+            quota=wait,
+            revisions=revisions,
+        )
     outcome: Outcome = "mutated" if result.patch else "allowed"
     return Decision(
         outcome, warnings=result.warnings, plan=result, patch=result.patch, revisions=revisions
     )
+
+
+def _should_wait(
+    request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
+) -> QuotaVerdict | None:
+    if plan.class_name is None or is_gated(request.object, gate_name(config.policy)):
+        return None  # a pod created gated waits already; the validating judgement sees it
+    return quota.should_wait(request.namespace, plan, config)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,7 +200,7 @@ async def validate_under(
     if not verdict.allowed:
         message = verdict.message or "GPU quota exceeded"
         return Decision("denied", message, warnings, result, quota=verdict, revisions=revisions)
-    kind: Outcome = "warned" if verdict.warnings else "allowed"
+    kind: Outcome = "queued" if verdict.queued else "warned" if verdict.warnings else "allowed"
     return Decision(
         kind, verdict.message or "", warnings, result, quota=verdict, revisions=revisions
     )

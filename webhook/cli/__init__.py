@@ -1,4 +1,4 @@
-"""The `gpuadm` command: serve, review, check-config, certs; one module per command."""
+"""The `gpuadm` command: serve, review, check-config, certs, quota; one module per command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certificates, check_config, review, serve
+from webhook.cli import certificates, check_config, quota, review, serve
 from webhook.cli.exits import CommandError, ExitCode, report
 
 
@@ -21,6 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     review.add_parser(sub)
     certificates.add_parser(sub)
     check_config.add_parser(sub)
+    quota.add_parser(sub)
     return parser
 
 

@@ -62,8 +62,12 @@ async def simulate_admission(
     pod: dict[str, Any], namespace: str, config: ConfigSnapshot
 ) -> dict[str, Any]:
     """Run the pod through /mutate then /validate, as the apiserver would."""
+    # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
+    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
     # A review is a dry run: nothing is made, and the templates are shown instead.
-    mutated = await mutate_under(_request(pod, namespace), config, templates=NoTemplates())
+    mutated = await mutate_under(
+        _request(pod, namespace), config, templates=NoTemplates(), quota=ledger
+    )
     result: dict[str, Any] = {
         "namespace": namespace,
         "allowed": mutated.outcome != "denied",
@@ -75,8 +79,6 @@ async def simulate_admission(
     if not result["allowed"]:
         return result
     stored = jsonpatch.apply_patch(pod, mutated.patch) if mutated.patch else pod
-    # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
-    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
     validated = await validate_under(
         _request(stored, namespace), config, quota=ledger, claims=NoClaims(), trusted=Trusted()
     )

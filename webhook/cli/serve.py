@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import ssl
 import tempfile
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -68,6 +70,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="USER",
         help="a user of Kubernetes' resourceclaim controller, which alone makes ResourceClaims "
         "for GPUs; repeat for each (default: " + ", ".join(CLAIM_CONTROLLERS) + ")",
+    )
+    serve.add_argument(
+        "--lease-seconds",
+        type=_lease_seconds,
+        default=15.0,
+        help="in a cluster: how long the Lease of the replica that releases waiting pods (queue "
+        "mode) and publishes GPUQuota objects lasts unrenewed, so how long a leader's death "
+        "can delay releases (default 15, at least 1)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -132,6 +142,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         namespace=args.namespace,
         trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
         claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
+        lease_seconds=args.lease_seconds,
+        identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
     )
     _use_fast_loop()
     audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
@@ -156,6 +168,16 @@ def run(args: argparse.Namespace) -> ExitCode:
         access_log=None,
     )
     return ExitCode.OK
+
+
+def _lease_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 1 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"{text} is out of range: give 1 to 3600 seconds")
+    return value
 
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -91,6 +91,11 @@ class ConfigHolder:
         # Evictions of the memos of snapshots no longer in force, so the counter only grows.
         self._evictions_before = 0
         self._metrics.watch_plan_memo(self._memo_reading)
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_change(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` after each new snapshot is put in force (a limit may have grown)."""
+        self._listeners.append(listener)
 
     def _memo_reading(self) -> MemoReading:
         snapshot = self._snapshot
@@ -140,6 +145,8 @@ class ConfigHolder:
             snapshot.policy_revision,
             snapshot.quotas_revision,
         )
+        for listener in self._listeners:
+            listener()
         return True
 
     def reject(self, part: str, reason: str) -> None:

@@ -98,15 +98,19 @@ class Kube:
         )
 
     def list_pods(
-        self, *, label_selector: str = "", limit: int = LIST_PAGE_SIZE, token: str | None = None
+        self,
+        *,
+        label_selector: str = "",
+        limit: int = LIST_PAGE_SIZE,
+        token: str | None = None,
+        namespace: str | None = None,
     ) -> Page:
-        """List one page of pods in all namespaces."""
-        body = self._json(
-            self._core.list_pod_for_all_namespaces,
-            label_selector=label_selector,
-            limit=limit,
-            _continue=token,
-        )
+        """List one page of pods, in all namespaces or in one."""
+        call: Any = self._core.list_pod_for_all_namespaces
+        args: tuple[str, ...] = ()
+        if namespace is not None:
+            call, args = self._core.list_namespaced_pod, (namespace,)
+        body = self._json(call, *args, label_selector=label_selector, limit=limit, _continue=token)
         metadata = body.get("metadata") or {}
         return Page(
             body.get("items") or [], metadata.get("resourceVersion", ""), metadata.get("continue")

@@ -29,10 +29,16 @@ CALL_TIMEOUT_SECONDS = 4.0
 
 
 RESOURCE_API = "/apis/resource.k8s.io/v1"
+COORDINATION_API = "/apis/coordination.k8s.io/v1"
+CORE_API = "/api/v1"
+# gpuadm's own API: the GPUQuota objects that show tenants their quota (deploy/base/crd.yaml).
+GPUADM_API = "/apis/gpuadm.io/v1alpha1"
+JSON_PATCH = "application/json-patch+json"
 
 
 class AsyncApi:
-    """ConfigMap, Namespace and DRA calls over one session, opened on first use."""
+    """The calls of the admission path and of the leader's work (releasing waiting pods,
+    their Events, the GPUQuota objects), over one session opened on first use."""
 
     def __init__(self, endpoint: Endpoint) -> None:
         """Call the apiserver at `endpoint`."""
@@ -79,6 +85,62 @@ class AsyncApi:
             "GET", _namespaced(RESOURCE_API, namespace, "resourceclaims", name)
         )
 
+    async def get_lease(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Lease, or None if it does not exist."""
+        return await self._call_or_none(
+            "GET", _namespaced(COORDINATION_API, namespace, "leases", name)
+        )
+
+    async def create_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Lease; a 409 means someone created it first."""
+        return await self._call("POST", _namespaced(COORDINATION_API, namespace, "leases"), body)
+
+    async def replace_lease(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Lease at the resourceVersion in `body`; a 409 means it changed."""
+        path = _namespaced(COORDINATION_API, namespace, "leases", body["metadata"]["name"])
+        return await self._call("PUT", path, body)
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Pod, or None if it does not exist."""
+        return await self._call_or_none("GET", _namespaced(CORE_API, namespace, "pods", name))
+
+    async def patch_pod(
+        self, namespace: str, name: str, patch: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Apply a JSON patch to a Pod; a failed `test` operation is a 422."""
+        path = _namespaced(CORE_API, namespace, "pods", name)
+        return await self._call("PATCH", path, patch, content_type=JSON_PATCH)
+
+    async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a core/v1 Event; a 409 means one of that name exists."""
+        return await self._call("POST", _namespaced(CORE_API, namespace, "events"), body)
+
+    async def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a core/v1 Event, or None if it does not exist (or expired)."""
+        return await self._call_or_none("GET", _namespaced(CORE_API, namespace, "events", name))
+
+    async def replace_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a core/v1 Event at the resourceVersion in `body`."""
+        path = _namespaced(CORE_API, namespace, "events", body["metadata"]["name"])
+        return await self._call("PUT", path, body)
+
+    async def create_quota_status(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a GPUQuota object; a 409 means one of that name exists."""
+        return await self._call("POST", _namespaced(GPUADM_API, namespace, "gpuquotas"), body)
+
+    async def replace_quota_status(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a GPUQuota object at the resourceVersion in `body`."""
+        path = _namespaced(GPUADM_API, namespace, "gpuquotas", body["metadata"]["name"])
+        return await self._call("PUT", path, body)
+
+    async def delete_quota_status(self, namespace: str, name: str) -> None:
+        """Delete a GPUQuota object; one already gone is no error."""
+        try:
+            await self._call("DELETE", _namespaced(GPUADM_API, namespace, "gpuquotas", name))
+        except KubeError as error:
+            if error.status != 404:
+                raise
+
     async def list_all(self, path: str, label_selector: str) -> list[dict[str, Any]]:
         """Return every object of a collection (e.g. `/api/v1/pods`) with the labels, page by
         page."""
@@ -115,14 +177,19 @@ class AsyncApi:
             raise
 
     async def _call(
-        self, method: str, path: str, body: dict[str, Any] | None = None
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | list[dict[str, Any]] | None = None,
+        *,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
         headers = {"Accept": "application/json"}
         if (authorization := self.endpoint.authorization()) is not None:
             headers["Authorization"] = authorization
         data = None
         if body is not None:
-            headers["Content-Type"] = "application/json"
+            headers["Content-Type"] = content_type
             data = orjson.dumps(body)
         try:
             async with self._open().request(

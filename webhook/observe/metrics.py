@@ -52,6 +52,41 @@ class _QuotaCollector(Collector):
         yield limit
 
 
+class QueueReading(NamedTuple):
+    """The pods of a namespace waiting in line for a class, and how long the first has."""
+
+    namespace: str
+    gpu_class: str
+    waiting: int
+    oldest_seconds: float
+
+
+class _QueueCollector(Collector):
+    """Reads the lines of waiting pods at scrape time (queue mode), one series per line."""
+
+    def __init__(self, read: Callable[[], Iterable[QueueReading]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "gpu_class"]
+        waiting = GaugeMetricFamily(
+            "gpuadm_queue_waiting_pods",
+            "Pods of a namespace waiting behind gpuadm's scheduling gate for a class.",
+            labels=labels,
+        )
+        oldest = GaugeMetricFamily(
+            "gpuadm_queue_oldest_wait_seconds",
+            "How long the longest-waiting pod of a namespace and class has waited.",
+            labels=labels,
+        )
+        for reading in self._read():
+            key = [reading.namespace, reading.gpu_class]
+            waiting.add_metric(key, reading.waiting)
+            oldest.add_metric(key, reading.oldest_seconds)
+        yield waiting
+        yield oldest
+
+
 class _PlanMemoCollector(Collector):
     """Reads the plan memo of the config in force at scrape time (it changes on reload)."""
 
@@ -150,6 +185,16 @@ class Metrics:
             "GPU pods in the usage index.",
             registry=r,
         )
+        self.queue_releases = Counter(
+            "gpuadm_queue_releases",
+            "Waiting pods released: charged to their namespace's quota and ungated.",
+            registry=r,
+        )
+        self.queue_leader = Gauge(
+            "gpuadm_queue_leader",
+            "1 while this replica holds the Lease that lets it release waiting pods, else 0.",
+            registry=r,
+        )
         self.certificate_expiry = Gauge(
             "gpuadm_certificate_expiry_timestamp_seconds",
             "When the served certificate expires (Unix time).",
@@ -171,6 +216,10 @@ class Metrics:
     def watch_quota(self, read: Callable[[], Iterable[QuotaReading]]) -> None:
         """Export quota use and limits, read from `read` at each scrape."""
         self.registry.register(_QuotaCollector(read))
+
+    def watch_queue(self, read: Callable[[], Iterable[QueueReading]]) -> None:
+        """Export the lines of waiting pods, read from `read` at each scrape."""
+        self.registry.register(_QueueCollector(read))
 
     def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""

@@ -24,6 +24,13 @@ def record_name(namespace: str) -> str:
     return f"gpuadm-usage-{namespace}"
 
 
+def record_of(config_map: dict[str, Any]) -> Record:
+    """Read the record a ConfigMap holds."""
+    raw = orjson.loads((config_map.get("data") or {}).get(DATA_KEY) or "{}")
+    reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
+    return Record(reservations, config_map["metadata"]["resourceVersion"])
+
+
 class ConfigMapStore:
     """A `ReservationStore` on ConfigMaps in gpuadm's namespace."""
 
@@ -37,11 +44,7 @@ class ConfigMapStore:
     async def read(self, namespace: str) -> Record:
         """Return the tenant namespace's record; a missing ConfigMap is an empty record."""
         found = await self.api.get_configmap(self.namespace, record_name(namespace))
-        if found is None:
-            return EMPTY
-        raw = orjson.loads((found.get("data") or {}).get(DATA_KEY) or "{}")
-        reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
-        return Record(reservations, found["metadata"]["resourceVersion"])
+        return EMPTY if found is None else record_of(found)
 
     async def write(
         self, namespace: str, reservations: dict[str, Reservation], version: str | None

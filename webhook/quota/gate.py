@@ -11,7 +11,15 @@ from webhook.reviews.request import AdmissionRequest
 
 
 class QuotaGate(Protocol):
-    """Charges an admitted pod against its namespace's quota, or refuses it."""
+    """Charges an admitted pod against its namespace's quota, or refuses it; and in queue
+    mode, tells a pod being created whether it waits in line."""
+
+    def should_wait(
+        self, namespace: str, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """Say whether a pod being created waits behind gpuadm's gate (`queued`), is refused
+        because it could never fit (not `allowed`), or goes ahead (None)."""
+        ...
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -25,6 +33,12 @@ class QuotaGate(Protocol):
 
 class Unlimited:
     """A gate that admits everything: used until a quota ledger is configured."""
+
+    def should_wait(
+        self, namespace: str, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """Nothing waits."""
+        return None
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot

@@ -19,6 +19,12 @@ as a pod, once), and it is pruned from the record only after `reservation_ttl`, 
 any admission request can take. So a reservation outlives the window in which the pod may be
 invisible to any replica whose watch is healthy. A pod that was never stored (a later webhook
 refused it) holds its room until then, and no longer.
+
+Queue mode (policies/queue.py) uses the same record. A pod created behind gpuadm's gate is
+admitted without a charge; releasing it writes its reservation like any admission, before
+the gate is removed. A pod in line whose reservation is already in the record was released
+by a replica that did not get to remove its gate: it is charged, and only its gate is left
+to remove. So a release interrupted at any point is finished later, and charged once.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge
+from policies.judge import QuotaVerdict, judge, never_fits
+from policies.queue import LineOutcome, Waiting, gate_name, is_gated, next_releases
 from policies.quotas import ALL_CLASSES, QuotaConfig
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -106,7 +113,11 @@ class QuotaLedger:
         """Judge the pod; reserve its charge unless this is a dry run or nothing limits it."""
         namespace = request.namespace
         limits = config.quotas.limits_for(namespace)
-        if plan.class_name is None or not (plan.class_name in limits or ALL_CLASSES in limits):
+        if plan.class_name is None:
+            return None
+        if is_gated(request.object, gate_name(config.policy)):
+            return self._queued(namespace, plan, limits)
+        if not (plan.class_name in limits or ALL_CLASSES in limits):
             return None
         if not self.usage_ready():
             return QuotaVerdict(
@@ -124,7 +135,137 @@ class QuotaLedger:
         if namespace not in self._committers:
             task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
             self._committers[namespace] = task
-        return await ask.verdict
+        verdict = await ask.verdict
+        if verdict.exceeded and config.quotas.mode_for(namespace) == "queue":
+            # The room this pod was created for went to another pod meanwhile: the gate that
+            # would have held it can only be given at creation.
+            return QuotaVerdict(
+                False,
+                f"{verdict.message}; it was taken by another pod while this one was being "
+                "created: create the pod again, and it waits in line",
+                in_use=verdict.in_use,
+                limit=verdict.limit,
+                exceeded=verdict.exceeded,
+            )
+        return verdict
+
+    @staticmethod
+    def _queued(namespace: str, plan: Plan, limits: Mapping[str, Fraction]) -> QuotaVerdict:
+        """Admit a pod created behind the gate, uncharged, unless it could never fit."""
+        assert plan.class_name is not None
+        never = never_fits(
+            namespace=namespace, class_name=plan.class_name, requested=plan.charge, limits=limits
+        )
+        if never is not None:
+            return QuotaVerdict(False, never, limit=limits.get(plan.class_name))
+        return QuotaVerdict(
+            True,
+            f"waits in line for {plan.class_name} quota",
+            limit=limits.get(plan.class_name),
+            queued=True,
+        )
+
+    def should_wait(
+        self, namespace: str, plan: Plan, config: ConfigSnapshot
+    ) -> QuotaVerdict | None:
+        """In a queue namespace, tell a pod being created whether it must wait in line.
+
+        It waits if it does not fit now, or if pods wait ahead of it for a limit it needs
+        (first come, first served). The answer comes from this replica's view, without a
+        write: the exact judgement is still the validating one, or the release. A pod that
+        could never fit is refused (`allowed` False); None means it goes ahead.
+        """
+        quotas = config.quotas
+        limits = quotas.limits_for(namespace)
+        class_name = plan.class_name
+        if quotas.mode_for(namespace) != "queue" or class_name is None:
+            return None
+        if not (class_name in limits or ALL_CLASSES in limits):
+            return None
+        never = never_fits(
+            namespace=namespace, class_name=class_name, requested=plan.charge, limits=limits
+        )
+        if never is not None:
+            return QuotaVerdict(False, never, limit=limits.get(class_name))
+        if not self.usage_ready():
+            return None  # the validating judgement refuses it with the reason
+        ahead = [
+            w
+            for w in self.usage.waiting(namespace)
+            if ALL_CLASSES in limits or w.class_name == class_name
+        ]
+        if ahead:
+            return QuotaVerdict(
+                True,
+                f"{len(ahead)} pod{'' if len(ahead) == 1 else 's'} already wait in line for "
+                f'{class_name} quota in namespace "{namespace}"',
+                limit=limits.get(class_name),
+                queued=True,
+            )
+        verdict = judge(
+            namespace=namespace,
+            class_name=class_name,
+            requested=plan.charge,
+            in_use=self.in_use(namespace),
+            limits=limits,
+        )
+        if verdict.allowed:
+            return None
+        return QuotaVerdict(
+            True, verdict.message, in_use=verdict.in_use, limit=verdict.limit, queued=True
+        )
+
+    async def release(
+        self, namespace: str, quotas: QuotaConfig, *, skip: frozenset[str] = frozenset()
+    ) -> tuple[list[Waiting], LineOutcome]:
+        """Charge the pods of a namespace's line that fit now, in order; return every pod
+        whose gate is to be removed (those charged now, and those charged before whose gate
+        is still on) and what the pass decided. `skip` holds pods already released whose
+        gate removal this replica's watch has not shown yet."""
+        limits = quotas.limits_for(namespace)
+        async with self._locks[namespace]:
+            for _ in range(MAX_ATTEMPTS):
+                record = self._records.get(namespace) or await self.store.read(namespace)
+                now = self.clock()
+                kept = self._unexpired(record, now)
+                line = [w for w in self.usage.waiting(namespace) if w.uid not in skip]
+                charged = [w for w in line if w.uid in kept]
+                outcome = next_releases(
+                    namespace,
+                    [w for w in line if w.uid not in kept],
+                    self._in_use(namespace, kept),
+                    limits,
+                )
+                if not outcome.released:
+                    return charged, outcome
+                for pod in outcome.released:
+                    kept[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
+                try:
+                    version = await self.store.write(namespace, kept, record.version)
+                except Conflict:
+                    if self.metrics is not None:
+                        self.metrics.record_conflicts.inc()
+                    self._records.pop(namespace, None)
+                    continue
+                self._records[namespace] = Record(kept, version)
+                return charged + list(outcome.released), outcome
+        raise KubeError(409, f'the quota record of namespace "{namespace}" stays busy')
+
+    async def unreserve(self, namespace: str, uid: str) -> None:
+        """Drop the reservation of a released pod that was deleted before its gate was
+        removed, so its room frees now rather than when the reservation expires."""
+        async with self._locks[namespace]:
+            for _ in range(MAX_ATTEMPTS):
+                record = await self.store.read(namespace)
+                if uid not in record.reservations:
+                    return
+                kept = {k: r for k, r in record.reservations.items() if k != uid}
+                try:
+                    version = await self.store.write(namespace, kept, record.version)
+                except Conflict:
+                    continue
+                self._records[namespace] = Record(kept, version)
+                return
 
     async def _commit(self, namespace: str) -> None:
         """Judge and store the namespace's waiting admissions, a batch at a time, until none."""
@@ -193,9 +334,24 @@ class QuotaLedger:
 
     def in_use(self, namespace: str) -> dict[str, Fraction]:
         """Return what a namespace holds now, pods and cached reservations together."""
+        return self._in_use(namespace, self.reserved(namespace))
+
+    def reserved(self, namespace: str) -> dict[str, Reservation]:
+        """Return the cached reservations of a namespace that still count (not yet shown as
+        pods by the watch, and unexpired)."""
         record = self._records.get(namespace)
         kept = self._unexpired(record, self.clock()) if record else {}
-        return self._in_use(namespace, kept)
+        if not self.pods_visible:
+            return kept
+        return {uid: r for uid, r in kept.items() if not self.usage.seen(uid)}
+
+    async def refresh(self, namespace: str) -> None:
+        """Read a namespace's record again, so reports see other replicas' reservations."""
+        record = await self.store.read(namespace)
+        if record.version is None:
+            self._records.pop(namespace, None)
+        else:
+            self._records[namespace] = record
 
     def _unexpired(self, record: Record, now: float) -> dict[str, Reservation]:
         if not self.pods_visible:

@@ -14,12 +14,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from policies.queue import Waiting
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.client import Kube, KubeError
 from webhook.kube.retry import retry_forever
 from webhook.kube.watch import Event, consume_watch
 from webhook.observe.metrics import Metrics
-from webhook.quota.usage import Holding, UsageIndex, holding_of
+from webhook.quota.usage import Holding, UsageIndex, pod_state
 
 log = logging.getLogger("gpuadm.pods")
 
@@ -91,31 +92,37 @@ class PodWatcher:
             await asyncio.sleep(0.5)
         snapshot = self.config.current
         self._relist.clear()
-        holdings, version = await asyncio.to_thread(self._fetch_holdings, snapshot)
+        holdings, waiting, version = await asyncio.to_thread(self._fetch_holdings, snapshot)
         now = self.clock()
-        self.usage.replace_all(holdings, now=now)
+        self.usage.replace_all(holdings, now=now, waiting=waiting)
         self.usage.forget_seen_before(now - 2 * self.resync_seconds)
         self.synced = True
         self.last_contact = now
         self.metrics.tracked_pods.set(len(self.usage))
-        log.info("listed pods: %d hold GPUs", len(holdings))
+        log.info("listed pods: %d hold GPUs, %d wait in line", len(holdings), len(waiting))
         return version
 
-    def _fetch_holdings(self, snapshot: ConfigSnapshot) -> tuple[dict[str, Holding], str]:
-        """List every pod page by page, keeping only what GPU pods hold (runs in a thread)."""
+    def _fetch_holdings(
+        self, snapshot: ConfigSnapshot
+    ) -> tuple[dict[str, Holding], dict[str, Waiting], str]:
+        """List every pod page by page, keeping only what GPU pods hold and the GPU pods in
+        line (runs in a thread)."""
         holdings: dict[str, Holding] = {}
+        waiting: dict[str, Waiting] = {}
         token = None
         version = ""
         while True:
             page = self.kube.list_pods(token=token)
             version = version or page.resource_version
             for pod in page.items:
-                holding = holding_of(pod, snapshot.policy, snapshot.quotas)
-                if holding is not None:
-                    holdings[pod["metadata"]["uid"]] = holding
+                state = pod_state(pod, snapshot.policy, snapshot.quotas)
+                if isinstance(state, Holding):
+                    holdings[pod["metadata"]["uid"]] = state
+                elif isinstance(state, Waiting):
+                    waiting[pod["metadata"]["uid"]] = state
             token = page.next_token
             if not token:
-                return holdings, version
+                return holdings, waiting, version
 
     async def _watch(self, version: str) -> str:
         label = self.config.current.policy.class_annotation

@@ -2,19 +2,22 @@
 
 Only GPU pods are kept, each as one small entry, and the sum per (namespace, class) is
 updated as pods come and go, so a quota judgement costs the same with 10 pods or 100,000.
+GPU pods held behind gpuadm's scheduling gate hold nothing: they are kept apart, as the
+lines of waiting pods (policies/queue.py).
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
 from policies.demand import TERMINAL_PHASES
+from policies.queue import Waiting, gate_name, is_gated, waiting_pod
 
 log = logging.getLogger("gpuadm.usage")
 
@@ -26,15 +29,37 @@ class Holding:
     namespace: str
     class_name: str
     charge: Fraction
+    # The pod's name, for the reports that say who holds what.
+    pod: str = ""
 
 
 class UsageIndex:
-    """GPU pods by uid, with running sums per namespace and class."""
+    """GPU pods by uid, with running sums per namespace and class, and the waiting pods."""
 
     def __init__(self) -> None:
         self._pods: dict[str, Holding] = {}
         self._sums: dict[str, dict[str, Fraction]] = {}
         self._seen_at: dict[str, float] = {}
+        self._members: dict[str, set[str]] = {}  # namespace -> uids of its GPU pods
+        self._waiting: dict[str, dict[str, Waiting]] = {}  # namespace -> uid -> pod
+        self._line_of: dict[str, str] = {}  # uid -> namespace, for the waiting pods
+        self._listeners: list[Callable[[str], None]] = []
+
+    def on_change(self, listener: Callable[[str], None]) -> None:
+        """Call `listener(namespace)` whenever what a namespace holds or waits for changes."""
+        self._listeners.append(listener)
+
+    def waiting(self, namespace: str) -> list[Waiting]:
+        """Return the pods of a namespace waiting in line, in no particular order."""
+        return list(self._waiting.get(namespace, {}).values())
+
+    def waiting_namespaces(self) -> list[str]:
+        """Return the namespaces with pods waiting in line."""
+        return list(self._waiting)
+
+    def holdings(self, namespace: str) -> list[Holding]:
+        """Return what each GPU pod of a namespace holds, for the reports that name them."""
+        return [self._pods[uid] for uid in self._members.get(namespace, ())]
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -51,7 +76,9 @@ class UsageIndex:
         return self._sums.get(namespace, {})
 
     def seen(self, uid: str) -> bool:
-        """Tell whether the watch has shown this pod lately, even if it is gone since."""
+        """Tell whether the watch has shown this pod holding GPUs (or ended) lately, even if
+        it is gone since. A pod seen only while it waited in line does not count: its
+        reservation, made when it is released, is what charges it until it is seen again."""
         return uid in self._seen_at
 
     def forget_seen_before(self, moment: float) -> None:
@@ -66,37 +93,87 @@ class UsageIndex:
         uid = metadata.get("uid")
         if not uid:
             return
-        self._seen_at.setdefault(uid, now)
-        holding = holding_of(pod, policy, quotas)
-        if holding is None:
-            self.forget(uid)
-            return
+        state = pod_state(pod, policy, quotas)
+        if not isinstance(state, Waiting):
+            self._seen_at.setdefault(uid, now)
+        self._set_waiting(uid, state if isinstance(state, Waiting) else None)
+        holding = state if isinstance(state, Holding) else None
         previous = self._pods.get(uid)
         if previous == holding:
             return
         if previous is not None:
-            self._add(previous, -previous.charge)
-        self._pods[uid] = holding
-        self._add(holding, holding.charge)
+            self._drop(uid, previous)
+        if holding is not None:
+            self._pods[uid] = holding
+            self._members.setdefault(holding.namespace, set()).add(uid)
+            self._add(holding, holding.charge)
+            self._changed(holding.namespace)
 
     def forget(self, uid: str) -> None:
         """Drop a pod that was deleted or finished."""
-        previous = self._pods.pop(uid, None)
+        self._set_waiting(uid, None)
+        previous = self._pods.get(uid)
         if previous is not None:
-            self._add(previous, -previous.charge)
+            self._drop(uid, previous)
 
-    def replace_all(self, holdings: Mapping[str, Holding], *, now: float) -> None:
+    def _drop(self, uid: str, previous: Holding) -> None:
+        del self._pods[uid]
+        members = self._members[previous.namespace]
+        members.discard(uid)
+        if not members:
+            del self._members[previous.namespace]
+        self._add(previous, -previous.charge)
+        self._changed(previous.namespace)
+
+    def _set_waiting(self, uid: str, waiting: Waiting | None) -> None:
+        namespace = self._line_of.get(uid)
+        if namespace is not None:
+            line = self._waiting[namespace]
+            if line[uid] == waiting:
+                return
+            del line[uid]
+            del self._line_of[uid]
+            if not line:
+                del self._waiting[namespace]
+            self._changed(namespace)
+        if waiting is not None:
+            self._waiting.setdefault(waiting.namespace, {})[uid] = waiting
+            self._line_of[uid] = waiting.namespace
+            self._changed(waiting.namespace)
+
+    def _changed(self, namespace: str) -> None:
+        for listener in self._listeners:
+            listener(namespace)
+
+    def replace_all(
+        self,
+        holdings: Mapping[str, Holding],
+        *,
+        now: float,
+        waiting: Mapping[str, Waiting] | None = None,
+    ) -> None:
         """Put a full re-list in force at once, so no judgement sees a half-filled index."""
         sums: dict[str, dict[str, Fraction]] = {}
-        for holding in holdings.values():
+        members: dict[str, set[str]] = {}
+        for uid, holding in holdings.items():
+            members.setdefault(holding.namespace, set()).add(uid)
             classes = sums.setdefault(holding.namespace, {})
             classes[holding.class_name] = classes.get(holding.class_name, Fraction(0)) + (
                 holding.charge
             )
+        lines: dict[str, dict[str, Waiting]] = {}
+        for uid, pod in (waiting or {}).items():
+            lines.setdefault(pod.namespace, {})[uid] = pod
+        changed = set(self._sums) | set(sums) | set(self._waiting) | set(lines)
         self._pods = dict(holdings)
         self._sums = sums
+        self._members = members
+        self._waiting = lines
+        self._line_of = {uid: pod.namespace for uid, pod in (waiting or {}).items()}
         for uid in holdings:
             self._seen_at.setdefault(uid, now)
+        for namespace in changed:
+            self._changed(namespace)
 
     def _add(self, holding: Holding, amount: Fraction) -> None:
         classes = self._sums.setdefault(holding.namespace, {})
@@ -110,13 +187,25 @@ class UsageIndex:
 
 
 def holding_of(pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig) -> Holding | None:
-    """Return what a pod holds, charged from its resources alone, or None.
+    """Return what a pod holds, charged from its resources alone, or None."""
+    state = pod_state(pod, policy, quotas)
+    return state if isinstance(state, Holding) else None
 
-    Pure, so a re-list can compute holdings off the event loop.
+
+def pod_state(
+    pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig
+) -> Holding | Waiting | None:
+    """Return what a pod holds, or its place in line if gpuadm's gate holds it; or None.
+
+    A pod held by the gate holds nothing, and leaves the line when it is deleted (it gets a
+    deletion timestamp first). Pure, so a re-list can compute states off the event loop.
     """
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return None
     metadata = pod.get("metadata") or {}
+    gated = is_gated(pod, gate_name(policy))
+    if gated and metadata.get("deletionTimestamp"):
+        return None
     namespace = str(metadata.get("namespace") or "")
     try:
         charged = pod_charge(
@@ -130,5 +219,7 @@ def holding_of(pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig) -> H
     if charged is None:
         return None
     class_name, charge = charged
+    if gated:
+        return waiting_pod(pod, sys.intern(class_name), charge)
     # Interned: 100,000 pods share a few hundred namespace and class strings.
-    return Holding(sys.intern(namespace), sys.intern(class_name), charge)
+    return Holding(sys.intern(namespace), sys.intern(class_name), charge, str(metadata.get("name")))

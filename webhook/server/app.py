@@ -58,7 +58,9 @@ def create_app(
         max_review_bytes=settings.max_review_bytes,
         require_client_certificate=settings.client_ca_file is not None,
     )
-    mutate = partial(decisions.mutate, config=config, templates=templates or NoTemplates())
+    mutate = partial(
+        decisions.mutate, config=config, templates=templates or NoTemplates(), quota=gate
+    )
     validate = partial(
         decisions.validate,
         config=config,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from datetime import datetime
 from functools import partial
 
 from aiohttp import web
@@ -16,8 +18,12 @@ from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.client import Kube
 from webhook.kube.rest import AsyncApi
+from webhook.leader.events import PodEvents
+from webhook.leader.lease import LeaseElector
+from webhook.leader.publish import QuotaPublisher
+from webhook.leader.release import Releaser
 from webhook.observe.audit_log import AuditLog
-from webhook.observe.metrics import Metrics
+from webhook.observe.metrics import Metrics, QueueReading
 from webhook.quota.configmap_store import ConfigMapStore
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.namespaces import KnownNamespaces
@@ -52,9 +58,17 @@ def standalone_app(
     files = FileSource(
         holder, settings.policy_file, settings.quotas_file, every_seconds=settings.reload_seconds
     )
-    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
-    export_quota(metrics, ledger, holder)
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False, metrics=metrics)
+    export_quota(metrics, ledger, holder, usage)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
+    if config.quotas.mode == "queue" or any(
+        entry.mode == "queue" for entry in config.quotas.namespaces.values()
+    ):
+        log.warning(
+            "standalone: queue mode gives waiting pods their scheduling gate, but with no "
+            "cluster there is no one to release them"
+        )
     return create_app(
         settings,
         holder,
@@ -92,8 +106,34 @@ def cluster_app(
         metrics=metrics,
         namespace_exists=KnownNamespaces(api).exists,
     )
-    export_quota(metrics, ledger, holder)
+    export_quota(metrics, ledger, holder, usage)
     templates = ClusterTemplates(api, holder)
+    elector = LeaseElector(
+        api,
+        settings.namespace,
+        settings.identity or "gpuadm",
+        duration=settings.lease_seconds,
+        metrics=metrics,
+    )
+    releaser = Releaser(
+        ledger,
+        usage,
+        holder,
+        api,
+        PodEvents(api, settings.identity or "gpuadm"),
+        leading=elector.leading,
+        ready=pods.ready,
+        metrics=metrics,
+    )
+    publisher = QuotaPublisher(
+        ledger, usage, holder, api, leading=elector.leading, ready=pods.ready
+    )
+    usage.on_change(releaser.wake)
+    usage.on_change(publisher.wake)
+    holder.on_change(releaser.wake_all)
+    holder.on_change(publisher.restart)
+    elector.on_lead(releaser.wake_all)
+    elector.on_lead(publisher.restart)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
     return create_app(
         settings,
@@ -109,6 +149,9 @@ def cluster_app(
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger)),
             Background("claim-templates", templates.run),
+            Background("lease", elector.run),
+            Background("release", releaser.run),
+            Background("publish", publisher.run),
             Background("apiserver-session", api.hold_open),
             *extra,
         ],
@@ -116,9 +159,32 @@ def cluster_app(
     )
 
 
-def export_quota(metrics: Metrics, ledger: QuotaLedger, holder: ConfigHolder) -> None:
-    """Export, at each scrape, what the ledger's namespaces hold under the quotas in force."""
+def export_quota(
+    metrics: Metrics, ledger: QuotaLedger, holder: ConfigHolder, usage: UsageIndex
+) -> None:
+    """Export, at each scrape, what the ledger's namespaces hold under the quotas in force,
+    and the lines of waiting pods."""
     metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
+    metrics.watch_queue(lambda: queue_readings(usage, time.time()))
+
+
+def queue_readings(usage: UsageIndex, now: float) -> list[QueueReading]:
+    """Return each line's length and its longest wait, per namespace and class."""
+    readings = []
+    for namespace in sorted(usage.waiting_namespaces()):
+        by_class: dict[str, list[float]] = {}
+        for pod in usage.waiting(namespace):
+            by_class.setdefault(pod.class_name, []).append(_since(pod.created, now))
+        for class_name, waits in sorted(by_class.items()):
+            readings.append(QueueReading(namespace, class_name, len(waits), max(waits)))
+    return readings
+
+
+def _since(created: str, now: float) -> float:
+    try:
+        return max(0.0, now - datetime.fromisoformat(created).timestamp())
+    except ValueError:
+        return 0.0
 
 
 async def _prune_forever(ledger: QuotaLedger) -> None:

@@ -46,3 +46,8 @@ class Settings:
     """The largest request body read; larger ones get a 413 before parsing."""
     reload_seconds: float = 1.0
     """How often the config and certificate files are checked for changes."""
+    lease_seconds: float = 15.0
+    """How long the Lease of the replica that releases waiting pods lasts unrenewed: how
+    long waiting pods may wait for a new leader when the leader dies."""
+    identity: str = ""
+    """This replica's name in the Lease and its Events (default: host name and a suffix)."""

@@ -65,9 +65,10 @@ async def served(
     snapshot = snapshot_from_text(POLICY_YAML, QUOTAS, policy_source="p", quotas_source="q")
     metrics = Metrics()
     audit = AuditLog(str(audit_file))
-    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False, metrics=metrics)
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False, metrics=metrics)
     holder = ConfigHolder(snapshot)
-    export_quota(metrics, ledger, holder)
+    export_quota(metrics, ledger, holder, usage)
     app = create_app(Settings(), holder, quota=ledger, metrics=metrics, audit=audit)
     return await aiohttp_client(app), metrics, audit
 

@@ -14,6 +14,7 @@ from tests.apiserver_rules import violations
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from tests.webhook.calls import Client, MakeClient, decoded_patch, post
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
+from webhook.quota.gate import Unlimited
 from webhook.reviews.request import AdmissionRequest
 from webhook.server.app import create_app
 from webhook.server.settings import Settings
@@ -333,7 +334,7 @@ async def test_huge_body_without_content_length_is_refused(client: Client) -> No
 async def test_an_internal_failure_still_answers_with_the_uid(
     aiohttp_client: MakeClient, caplog: pytest.LogCaptureFixture
 ) -> None:
-    class BrokenQuota:
+    class BrokenQuota(Unlimited):
         async def admit(
             self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
         ) -> QuotaVerdict | None:
@@ -353,7 +354,7 @@ async def test_an_internal_failure_still_answers_with_the_uid(
 
 
 async def test_quota_denial_and_warnings_reach_the_response(aiohttp_client: MakeClient) -> None:
-    class FullQuota:
+    class FullQuota(Unlimited):
         async def admit(
             self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
         ) -> QuotaVerdict | None:

@@ -119,6 +119,9 @@ policies/models.py): only gpuadm writes them.
       'nvidia.com/vgpu-mode',
       'volcano.sh/vgpu-mode'
     ]
+  )) ||
+  (has(o.spec) && has(o.spec.schedulingGates) && o.spec.schedulingGates.exists(g,
+    has(g.name) && g.name.startsWith({{ $prefix }})
   ))
 ))
 {{- end }}

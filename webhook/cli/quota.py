@@ -1,0 +1,170 @@
+"""`gpuadm quota`: per namespace and class, the limit, what is in use, reserved and waiting,
+and the pods that hold it; read from the cluster and counted as the webhook counts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from typing import Any
+
+from policies import ConfigError
+from policies.queue import Waiting
+from webhook.cli import flags
+from webhook.cli.exits import CommandError, ExitCode
+from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
+from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
+from webhook.kube.client import USAGE_RECORD_LABEL, Kube, KubeError, connect
+from webhook.quota.configmap_store import record_of
+from webhook.quota.ledger import RESERVATION_TTL
+from webhook.quota.report import (
+    ClassReport,
+    namespace_report,
+    reported_namespaces,
+    reservations_to_report,
+)
+from webhook.quota.reservations import Reservation
+from webhook.quota.usage import Holding, pod_state
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add `gpuadm quota` to the command line."""
+    quota = sub.add_parser(
+        "quota",
+        help="show each namespace's GPU quota: limit, in use, reserved, waiting, and who holds it",
+    )
+    quota.add_argument(
+        "-n",
+        "--namespace",
+        dest="tenant",
+        help="show this namespace only (default: every namespace the quotas list, or that "
+        "holds, reserves or waits for GPUs)",
+    )
+    quota.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    quota.add_argument(
+        "--gpuadm-namespace",
+        default=os.environ.get("POD_NAMESPACE", flags.DEFAULT_NAMESPACE),
+        help="where gpuadm's ConfigMaps and usage records live "
+        f"(default: $POD_NAMESPACE, else {flags.DEFAULT_NAMESPACE})",
+    )
+    flags.add_kubeconfig(quota)
+    quota.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> ExitCode:
+    """Print the reports."""
+    try:
+        kube = connect(args.kubeconfig)
+        reports = cluster_reports(kube, args.gpuadm_namespace, only=args.tenant)
+    except KubeError as error:
+        raise CommandError(f"cannot read the cluster: {error}") from None
+    if args.output == "json":
+        print(json.dumps({"items": [r.to_json() for r in reports]}, indent=2))
+    else:
+        print(table(reports))
+    return ExitCode.OK
+
+
+def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> list[ClassReport]:
+    """Read config, pods and usage records from the cluster; report as the webhook counts."""
+    config = _config(kube, gpuadm_namespace)
+    holdings: dict[str, Holding] = {}
+    waiting: dict[str, Waiting] = {}
+    ended: set[str] = set()
+    token = None
+    while True:
+        page = kube.list_pods(token=token, namespace=only)
+        for pod in page.items:
+            uid = str(pod["metadata"]["uid"])
+            state = pod_state(pod, config.policy, config.quotas)
+            if isinstance(state, Holding):
+                holdings[uid] = state
+            elif isinstance(state, Waiting):
+                waiting[uid] = state
+            else:
+                ended.add(uid)
+        token = page.next_token
+        if not token:
+            break
+    reserved: dict[str, list[Reservation]] = {}
+    now = time.time()
+    records = kube.list_configmaps(gpuadm_namespace, label_selector=USAGE_RECORD_LABEL).items
+    for config_map in records:
+        namespace = str(config_map["metadata"]["labels"][USAGE_RECORD_LABEL])
+        live = {
+            uid: r
+            for uid, r in record_of(config_map).reservations.items()
+            if now - r.at < RESERVATION_TTL
+        }
+        # A reservation stops counting once its pod is seen holding GPUs or ended.
+        reserved[namespace] = reservations_to_report(live, holdings.keys() | ended)
+    names = reported_namespaces(
+        config.quotas,
+        {h.namespace for h in holdings.values()},
+        {w.namespace for w in waiting.values()},
+        [ns for ns, found in reserved.items() if found],
+        only=only,
+    )
+    reports = []
+    for namespace in names:
+        reports += namespace_report(
+            namespace,
+            config.quotas,
+            [h for h in holdings.values() if h.namespace == namespace],
+            reserved.get(namespace, []),
+            [w for w in waiting.values() if w.namespace == namespace],
+        )
+    return reports
+
+
+def _config(kube: Kube, namespace: str) -> ConfigSnapshot:
+    maps = {m["metadata"]["name"]: m for m in kube.list_configmaps(namespace).items}
+    if POLICY_MAP not in maps:
+        raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
+
+    def text(name: str, key: str) -> str:
+        return str(((maps.get(name) or {}).get("data") or {}).get(key) or "")
+
+    try:
+        return snapshot_from_text(
+            text(POLICY_MAP, POLICY_KEY),
+            text(QUOTAS_MAP, QUOTAS_KEY),
+            policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
+            quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
+        )
+    except ConfigError as error:
+        raise CommandError(
+            "the config in the cluster is invalid (gpuadm keeps the last valid one in force):\n  "
+            + "\n  ".join(error.problems)
+        ) from None
+
+
+def table(reports: list[ClassReport]) -> str:
+    """Lay the reports out as kubectl does: a header, then a row per namespace and class."""
+    header = ("NAMESPACE", "CLASS", "MODE", "LIMIT", "IN USE", "RESERVED", "WAITING", "PODS")
+    rows = [header]
+    for report in reports:
+        data: dict[str, Any] = report.to_json()
+        pods = ", ".join(f"{h['pod']} ({h['gpus']})" for h in data["holders"])
+        if data.get("holdersNotListed"):
+            pods += f", and {data['holdersNotListed']} more"
+        rows.append(
+            (
+                report.namespace,
+                report.class_name,
+                report.mode,
+                data.get("limit", "none"),
+                data["inUse"],
+                data["reserved"],
+                str(data["waiting"]),
+                pods or "-",
+            )
+        )
+    if len(rows) == 1:
+        return "No GPU quotas, and no namespace holds or waits for GPUs."
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
+    return "\n".join(
+        "   ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]])
+        for row in rows
+    )

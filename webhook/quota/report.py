@@ -1,0 +1,167 @@
+"""What a namespace holds, has reserved and waits for, per class: the one count behind
+`gpuadm quota` and the GPUQuota objects tenants read, made the way the ledger judges.
+
+- in use: the GPU pods the watch (or a list) shows, charged from their resources;
+- reserved: pods admitted or released whose reservation is in the record but that are not
+  shown as pods yet;
+- waiting: the pods held in line by gpuadm's scheduling gate, in the order they go.
+
+The ledger judges against in use plus reserved.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from policies.quantity import format_amount
+from policies.queue import Waiting, in_line_order
+from policies.quotas import ALL_CLASSES, QuotaConfig
+from webhook.quota.reservations import Reservation
+from webhook.quota.usage import Holding
+
+# The pods a report names, at most, per class: enough to see who holds a quota, small enough
+# for an object a tenant reads with kubectl (the counts stay exact).
+NAMED_PODS_MAX = 100
+
+
+@dataclass(frozen=True, slots=True)
+class ClassReport:
+    """One namespace's quota of one class (or of all classes, `*`)."""
+
+    namespace: str
+    class_name: str
+    mode: str
+    limit: Fraction | None
+    in_use: Fraction
+    reserved: Fraction
+    holders: tuple[tuple[str, Fraction], ...]
+    waiting: tuple[Waiting, ...]
+
+    @property
+    def waiting_gpus(self) -> Fraction:
+        """The GPUs the waiting pods ask for together."""
+        return sum((w.charge for w in self.waiting), Fraction(0))
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the report as `gpuadm quota -o json` prints it and GPUQuota stores it."""
+        data: dict[str, Any] = {
+            "namespace": self.namespace,
+            "class": self.class_name,
+            "mode": self.mode,
+            "inUse": format_amount(self.in_use),
+            "reserved": format_amount(self.reserved),
+            "waiting": len(self.waiting),
+            "waitingGPUs": format_amount(self.waiting_gpus),
+            "holders": [
+                {"pod": pod, "gpus": format_amount(charge)}
+                for pod, charge in self.holders[:NAMED_PODS_MAX]
+            ],
+            "queue": [
+                {"pod": w.name, "gpus": format_amount(w.charge), "position": position}
+                for position, w in enumerate(self.waiting[:NAMED_PODS_MAX], start=1)
+            ],
+        }
+        if self.limit is not None:
+            data["limit"] = format_amount(self.limit)
+        if len(self.holders) > NAMED_PODS_MAX:
+            data["holdersNotListed"] = len(self.holders) - NAMED_PODS_MAX
+        if len(self.waiting) > NAMED_PODS_MAX:
+            data["queueNotListed"] = len(self.waiting) - NAMED_PODS_MAX
+        return data
+
+
+def namespace_report(
+    namespace: str,
+    quotas: QuotaConfig,
+    holdings: Iterable[Holding],
+    reserved: Iterable[Reservation],
+    line: Sequence[Waiting],
+) -> list[ClassReport]:
+    """Report each class the namespace has a limit for, holds, reserves or waits for, and
+    `*` when it has a cap across classes. Classes come in name order, `*` last."""
+    limits = quotas.limits_for(namespace)
+    mode = quotas.mode_for(namespace)
+    holders: dict[str, list[tuple[str, Fraction]]] = {}
+    for holding in holdings:
+        holders.setdefault(holding.class_name, []).append((holding.pod, holding.charge))
+    reserved_by_class: dict[str, Fraction] = {}
+    for reservation in reserved:
+        reserved_by_class[reservation.class_name] = (
+            reserved_by_class.get(reservation.class_name, Fraction(0)) + reservation.charge
+        )
+    ordered = in_line_order(line)
+    classes = sorted(
+        ({k for k in limits if k != ALL_CLASSES} | set(holders) | set(reserved_by_class))
+        | {w.class_name for w in ordered}
+    )
+    reports = [
+        _report(
+            namespace,
+            name,
+            mode,
+            limits.get(name),
+            holders.get(name, []),
+            reserved_by_class.get(name, Fraction(0)),
+            [w for w in ordered if w.class_name == name],
+        )
+        for name in classes
+    ]
+    if ALL_CLASSES in limits:
+        everyone = [h for name in sorted(holders) for h in holders[name]]
+        reports.append(
+            _report(
+                namespace,
+                ALL_CLASSES,
+                mode,
+                limits[ALL_CLASSES],
+                everyone,
+                sum(reserved_by_class.values(), Fraction(0)),
+                ordered,
+            )
+        )
+    return reports
+
+
+def _report(
+    namespace: str,
+    class_name: str,
+    mode: str,
+    limit: Fraction | None,
+    holders: list[tuple[str, Fraction]],
+    reserved: Fraction,
+    waiting: list[Waiting],
+) -> ClassReport:
+    return ClassReport(
+        namespace=namespace,
+        class_name=class_name,
+        mode=mode,
+        limit=limit,
+        in_use=sum((charge for _, charge in holders), Fraction(0)),
+        reserved=reserved,
+        holders=tuple(sorted(holders)),
+        waiting=tuple(waiting),
+    )
+
+
+def reported_namespaces(
+    quotas: QuotaConfig, *active: Iterable[str], only: str | None = None
+) -> list[str]:
+    """Return the namespaces a report covers: those the quota file lists, and those that
+    hold, reserve or wait for GPUs; or just `only`."""
+    if only is not None:
+        return [only]
+    names: set[str] = set(quotas.namespaces)
+    for group in active:
+        names.update(group)
+    return sorted(names)
+
+
+def reservations_to_report(
+    reservations: Mapping[str, Reservation], shown: Iterable[str]
+) -> list[Reservation]:
+    """Return the reservations not yet shown as pods (`shown`: the uids of GPU pods seen)."""
+    seen = set(shown)
+    return [r for uid, r in reservations.items() if uid not in seen]
