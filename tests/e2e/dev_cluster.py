@@ -30,6 +30,7 @@ from tests.e2e.gpuadm import (
     SCHEDULER_NAMES,
     GpuadmProcess,
     make_tls,
+    install_quota_view,
     put_configmap,
     register_webhooks,
     wait_until,
@@ -90,6 +91,10 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str]) -> str:
             "  kubectl create -f examples/pods/a100-half.yaml",
             "  kubectl get pod notebook -n team-a -o wide",
             "  kubectl get pod notebook -n team-a -o yaml",
+            "  kubectl create namespace team-c",
+            "  kubectl create -f examples/pods/h100-job.yaml",
+            "  kubectl get pods -n team-c",
+            "  kubectl get gpuquotas -n team-c",
             "",
             "Press Ctrl-C to stop.",
         ]
@@ -110,6 +115,7 @@ def start_gpuadm(plane: ControlPlane) -> GpuadmProcess:
     with plane.api_client() as api:
         core = kubernetes.client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
+        install_quota_view(api)
         for name, key in (("gpuadm-policy", "policy.yaml"), ("gpuadm-quotas", "quotas.yaml")):
             put_configmap(core, name, key, (ROOT / "examples" / key).read_text())
         tls = make_tls(plane.workdir / "gpuadm-tls")
@@ -125,8 +131,10 @@ def start_gpuadm(plane: ControlPlane) -> GpuadmProcess:
 
 
 def start_scheduling(plane: ControlPlane) -> list[str]:
-    """Start kube-scheduler and make the example policy's nodes; return the nodes' names."""
+    """Start kube-scheduler, the controllers (Jobs, role aggregation) and the example policy's
+    nodes; return the nodes' names."""
     plane.start_scheduler(SCHEDULER_NAMES)
+    plane.start_controller_manager()
     with plane.api_client() as api:
         return create_pools(kubernetes.client.CoreV1Api(api), EXAMPLE_POOLS)
 

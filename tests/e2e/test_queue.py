@@ -204,24 +204,16 @@ def test_a_pod_that_could_never_fit_is_refused_at_once(gpuadm: Deployment, names
 def test_a_deleted_waiting_pod_leaves_the_line(gpuadm: Deployment, namespace: str) -> None:
     core = gpuadm.core
     gpuadm.set_quotas(queue_quota(namespace, 1))
+    created = time.monotonic()
     holder = create_in_line(gpuadm, namespace, "holder")
-    assert not gated(core.read_namespaced_pod(holder, namespace))
+    released(core, namespace, holder)
+    print(f"\na pod that fits, created to ungated: {time.monotonic() - created:.2f} s")
     second = create_in_line(gpuadm, namespace, "second")
     third = create_in_line(gpuadm, namespace, "third")
-    assert gated(core.read_namespaced_pod(second, namespace))
-    wait_until(
-        lambda: (
-            waiting_events(core, namespace).get(third, "").endswith("1 pod ahead of it in line")
-        ),
-        "third to be second in line",
-    )
+    told_waiting(core, namespace, second, "0 pods ahead")
+    told_waiting(core, namespace, third, "1 pod ahead")
     core.delete_namespaced_pod(second, namespace, grace_period_seconds=0)
-    wait_until(
-        lambda: (
-            waiting_events(core, namespace).get(third, "").endswith("0 pods ahead of it in line")
-        ),
-        "third to be first in line",
-    )
+    told_waiting(core, namespace, third, "0 pods ahead")
     freed = time.monotonic()
     core.delete_namespaced_pod(holder, namespace, grace_period_seconds=0)
     wait_until(lambda: not gated(core.read_namespaced_pod(third, namespace)), "third released")
@@ -231,8 +223,9 @@ def test_a_deleted_waiting_pod_leaves_the_line(gpuadm: Deployment, namespace: st
 def test_only_gpuadm_removes_its_gate(gpuadm: Deployment, namespace: str) -> None:
     core = gpuadm.core
     gpuadm.set_quotas(queue_quota(namespace, 1))
-    create_in_line(gpuadm, namespace, "holder")
+    released(core, namespace, create_in_line(gpuadm, namespace, "holder"))
     waiting = create_in_line(gpuadm, namespace, "waiting")
+    told_waiting(core, namespace, waiting, "0 pods ahead")
     with pytest.raises(ApiException) as refused:
         core.patch_namespaced_pod(
             waiting, namespace, [{"op": "remove", "path": "/spec/schedulingGates/0"}]
@@ -242,19 +235,22 @@ def test_only_gpuadm_removes_its_gate(gpuadm: Deployment, namespace: str) -> Non
 
 
 def create_in_line(gpuadm: Deployment, namespace: str, name: str) -> str:
-    """Create a pod; retry the rare create that lost the last room to a racing one."""
-
-    def created() -> bool:
-        try:
-            gpuadm.create_pod(namespace, H100_POD, name=name)
-        except ApiException as error:
-            if "create the pod again" in str(error.body):
-                return False
-            raise
-        return True
-
-    wait_until(created, f"pod {name} created")
+    """Create a one-H100 pod: in a queue namespace it is created behind the gate, which is
+    removed at once if it fits, and stays while it waits."""
+    stored = gpuadm.create_pod(namespace, H100_POD, name=name)
+    assert any(g["name"] == GATE for g in stored["spec"]["schedulingGates"])
     return name
+
+
+def released(core: kubernetes.client.CoreV1Api, namespace: str, name: str) -> None:
+    wait_until(lambda: not gated(core.read_namespaced_pod(name, namespace)), f"{name} released")
+
+
+def told_waiting(core: kubernetes.client.CoreV1Api, namespace: str, name: str, ahead: str) -> None:
+    wait_until(
+        lambda: waiting_events(core, namespace).get(name, "").endswith(f"{ahead} of it in line"),
+        f"{name} to wait with {ahead}",
+    )
 
 
 def test_killing_the_leader_mid_release_releases_no_pod_twice_and_loses_none(
@@ -263,7 +259,8 @@ def test_killing_the_leader_mid_release_releases_no_pod_twice_and_loses_none(
     core = gpuadm.core
     gpuadm.set_quotas(queue_quota(namespace, 1))
     names = [create_in_line(gpuadm, namespace, f"p{i:02d}") for i in range(12)]
-    wait_until(lambda: sum(gated(p) for p in pods(core, namespace)) == 11, "11 waiting")
+    released(core, namespace, names[0])
+    told_waiting(core, namespace, names[-1], "10 pods ahead")
     leader = next(p for p in gpuadm.processes if p.leading())
     try:
         # Room for 6 more: the leader charges them in one write, then removes their gates
@@ -310,7 +307,7 @@ def test_a_tenant_with_the_view_role_reads_its_quota(
 ) -> None:
     core = gpuadm.core
     gpuadm.set_quotas(queue_quota(namespace, 2))
-    create_in_line(gpuadm, namespace, "one")
+    released(core, namespace, create_in_line(gpuadm, namespace, "one"))
     core.create_namespaced_service_account(namespace, {"metadata": {"name": "tenant"}})
     kubernetes.client.RbacAuthorizationV1Api(api_client).create_namespaced_role_binding(
         namespace,

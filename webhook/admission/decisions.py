@@ -94,7 +94,7 @@ async def mutate_under(
 ) -> Decision:
     """Rewrite a pod under one given config snapshot (as `gpuadm review` does).
 
-    In a queue namespace a pod that must wait is also given gpuadm's scheduling gate. The
+    In a queue namespace a pod under a limit is also given gpuadm's scheduling gate. The
     ResourceClaimTemplates a `dra` pod will name are made first, unless the request is a dry
     run, which stores nothing.
     """
@@ -104,23 +104,21 @@ async def mutate_under(
     try:
         result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
         await _guard_in_turn(request, config, result.class_name)
-        wait = _should_wait(request, config, result, quota)
-        if wait is not None and not wait.allowed:
-            raise Denial(wait.message or "GPU quota exceeded")
+        gate = _should_gate(request, config, result, quota)
+        if gate is not None and not gate.allowed:
+            raise Denial(gate.message or "GPU quota exceeded")
         if result.claim_templates and not request.dry_run:
             await templates.ensure(request.namespace, result.claim_templates)
     except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
-    if wait is not None:
-        gate = gate_name(config.policy)
-        note = f"{wait.message}: the pod waits in line behind the scheduling gate {gate}"
+    if gate is not None:
+        # Whether the pod waits is for the validating judgement to say: a pod that fits is
+        # charged there and its gate removed at once.
         return Decision(
-            "queued",
-            note,
-            (*result.warnings, note),
+            "mutated",
+            warnings=result.warnings,
             plan=result,
-            patch=[*result.patch, add_gate(request.object, gate)],
-            quota=wait,
+            patch=[*result.patch, add_gate(request.object, gate_name(config.policy))],
             revisions=revisions,
         )
     outcome: Outcome = "mutated" if result.patch else "allowed"
@@ -129,12 +127,15 @@ async def mutate_under(
     )
 
 
-def _should_wait(
+def _should_gate(
     request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
 ) -> QuotaVerdict | None:
-    if plan.class_name is None or is_gated(request.object, gate_name(config.policy)):
-        return None  # a pod created gated waits already; the validating judgement sees it
-    return quota.should_wait(request.namespace, plan, config)
+    if plan.class_name is None:
+        return None
+    gate = quota.should_gate(request.namespace, plan, config)
+    if gate is not None and gate.allowed and is_gated(request.object, gate_name(config.policy)):
+        return None  # created with the gate already
+    return gate
 
 
 @dataclass(frozen=True, slots=True)

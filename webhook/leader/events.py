@@ -71,7 +71,13 @@ class PodEvents:
                 self._said[place.pod.uid] = (place.reason, message, now)
 
     async def released(self, pod: Waiting) -> None:
-        """Tell a pod it was released, and what it was charged."""
+        """Tell a pod that was told it waits that it was released, and what it was charged.
+
+        A pod charged when it was created (its gate removed at once) waited for no one, and
+        is told nothing.
+        """
+        if pod.uid not in self._said:
+            return
         await self._write(
             pod,
             RELEASED,

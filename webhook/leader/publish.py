@@ -136,7 +136,15 @@ class QuotaPublisher:
             due = set(self._due)
         self._due.clear()
         for namespace in sorted(due):
-            await self._publish(namespace)
+            try:
+                await self._publish(namespace)
+            except KubeError as error:
+                # One namespace must not hold up the others: a listed namespace that does not
+                # exist (yet) refuses its objects with 404. It is tried again on the next
+                # full pass, or when its pods change.
+                if error.status != 404:
+                    log.warning("cannot publish the quota of namespace %s: %s", namespace, error)
+                self._published.pop(namespace, None)
 
     async def _publish(self, namespace: str) -> None:
         assert self._published is not None

@@ -12,13 +12,13 @@ from webhook.reviews.request import AdmissionRequest
 
 class QuotaGate(Protocol):
     """Charges an admitted pod against its namespace's quota, or refuses it; and in queue
-    mode, tells a pod being created whether it waits in line."""
+    mode, tells a pod being created whether it gets the gate that may hold it in line."""
 
-    def should_wait(
+    def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
-        """Say whether a pod being created waits behind gpuadm's gate (`queued`), is refused
-        because it could never fit (not `allowed`), or goes ahead (None)."""
+        """Say whether a pod being created gets gpuadm's scheduling gate (`queued`), is
+        refused because it could never fit (not `allowed`), or neither (None)."""
         ...
 
     async def admit(
@@ -34,7 +34,7 @@ class QuotaGate(Protocol):
 class Unlimited:
     """A gate that admits everything: used until a quota ledger is configured."""
 
-    def should_wait(
+    def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
         """Nothing waits."""

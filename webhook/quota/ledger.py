@@ -34,12 +34,12 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
-from policies.queue import LineOutcome, Waiting, gate_name, is_gated, next_releases
+from policies.queue import LineOutcome, Waiting, gate_name, is_gated, next_releases, waiting_pod
 from policies.quotas import ALL_CLASSES, QuotaConfig
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -68,6 +68,9 @@ class _Ask:
     plan: Plan
     config: ConfigSnapshot
     limits: Mapping[str, Fraction]
+    # Created behind gpuadm's gate: charged now if it is first in line and fits, else left
+    # waiting in line, uncharged.
+    gated: bool
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -115,10 +118,11 @@ class QuotaLedger:
         limits = config.quotas.limits_for(namespace)
         if plan.class_name is None:
             return None
-        if is_gated(request.object, gate_name(config.policy)):
-            return self._queued(namespace, plan, limits)
         if not (plan.class_name in limits or ALL_CLASSES in limits):
             return None
+        gated = is_gated(request.object, gate_name(config.policy))
+        if gated and (never := _never_fits(namespace, plan, limits)) is not None:
+            return never
         if not self.usage_ready():
             return QuotaVerdict(
                 False, "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
@@ -130,7 +134,7 @@ class QuotaLedger:
             return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
-        ask = _Ask(request, plan, config, limits)
+        ask = _Ask(request, plan, config, limits, gated)
         self._waiting[namespace].append(ask)
         if namespace not in self._committers:
             task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
@@ -149,31 +153,15 @@ class QuotaLedger:
             )
         return verdict
 
-    @staticmethod
-    def _queued(namespace: str, plan: Plan, limits: Mapping[str, Fraction]) -> QuotaVerdict:
-        """Admit a pod created behind the gate, uncharged, unless it could never fit."""
-        assert plan.class_name is not None
-        never = never_fits(
-            namespace=namespace, class_name=plan.class_name, requested=plan.charge, limits=limits
-        )
-        if never is not None:
-            return QuotaVerdict(False, never, limit=limits.get(plan.class_name))
-        return QuotaVerdict(
-            True,
-            f"waits in line for {plan.class_name} quota",
-            limit=limits.get(plan.class_name),
-            queued=True,
-        )
-
-    def should_wait(
+    def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
-        """In a queue namespace, tell a pod being created whether it must wait in line.
+        """In a queue namespace, give every pod a limit applies to gpuadm's gate at creation.
 
-        It waits if it does not fit now, or if pods wait ahead of it for a limit it needs
-        (first come, first served). The answer comes from this replica's view, without a
-        write: the exact judgement is still the validating one, or the release. A pod that
-        could never fit is refused (`allowed` False); None means it goes ahead.
+        The validating judgement then either charges it at once (the gate is removed by the
+        leader within moments) or leaves it waiting in line, uncharged. So a burst of creates
+        is never refused for lack of room, and waits in order. A pod that could never fit is
+        refused (`allowed` False); None means no gate.
         """
         quotas = config.quotas
         limits = quotas.limits_for(namespace)
@@ -182,38 +170,8 @@ class QuotaLedger:
             return None
         if not (class_name in limits or ALL_CLASSES in limits):
             return None
-        never = never_fits(
-            namespace=namespace, class_name=class_name, requested=plan.charge, limits=limits
-        )
-        if never is not None:
-            return QuotaVerdict(False, never, limit=limits.get(class_name))
-        if not self.usage_ready():
-            return None  # the validating judgement refuses it with the reason
-        ahead = [
-            w
-            for w in self.usage.waiting(namespace)
-            if ALL_CLASSES in limits or w.class_name == class_name
-        ]
-        if ahead:
-            return QuotaVerdict(
-                True,
-                f"{len(ahead)} pod{'' if len(ahead) == 1 else 's'} already wait in line for "
-                f'{class_name} quota in namespace "{namespace}"',
-                limit=limits.get(class_name),
-                queued=True,
-            )
-        verdict = judge(
-            namespace=namespace,
-            class_name=class_name,
-            requested=plan.charge,
-            in_use=self.in_use(namespace),
-            limits=limits,
-        )
-        if verdict.allowed:
-            return None
-        return QuotaVerdict(
-            True, verdict.message, in_use=verdict.in_use, limit=verdict.limit, queued=True
-        )
+        never = _never_fits(namespace, plan, limits)
+        return never if never is not None else QuotaVerdict(True, queued=True)
 
     async def release(
         self, namespace: str, quotas: QuotaConfig, *, skip: frozenset[str] = frozenset()
@@ -310,27 +268,60 @@ class QuotaLedger:
         kept = self._unexpired(record, now)
         verdicts = []
         reserved = False
+        behind: list[Waiting] = []  # gated pods of this batch left waiting, in order
         for ask in batch:
             class_name = ask.plan.class_name
             assert class_name is not None
             key = _reservation_key(ask.request)
             in_use = self._in_use(namespace, {uid: r for uid, r in kept.items() if uid != key})
-            verdict = judge(
-                namespace=namespace,
-                class_name=class_name,
-                requested=ask.plan.charge,
-                in_use=in_use,
-                limits=ask.limits,
-                mode=ask.config.quotas.mode,
-            )
+            if ask.gated:
+                verdict = self._judge_gated(namespace, ask, key, kept, in_use, behind)
+            else:
+                verdict = judge(
+                    namespace=namespace,
+                    class_name=class_name,
+                    requested=ask.plan.charge,
+                    in_use=in_use,
+                    limits=ask.limits,
+                    mode=ask.config.quotas.mode_for(namespace),
+                )
             verdicts.append(verdict)
-            if verdict.allowed and not ask.request.dry_run:
+            if verdict.allowed and not verdict.queued and not ask.request.dry_run:
                 kept[key] = Reservation(class_name, ask.plan.charge, now, ask.request.pod_name)
                 reserved = True
         if reserved:
             version = await self.store.write(namespace, kept, record.version)
             self._records[namespace] = Record(kept, version)
         return verdicts
+
+    def _judge_gated(
+        self,
+        namespace: str,
+        ask: _Ask,
+        key: str,
+        kept: Mapping[str, Reservation],
+        in_use: Mapping[str, Fraction],
+        behind: list[Waiting],
+    ) -> QuotaVerdict:
+        """Judge a pod created behind the gate as if it joined the end of its line: charged
+        now if a pass over the line would release it, else left waiting, uncharged."""
+        assert ask.plan.class_name is not None
+        me = replace(waiting_pod(ask.request.object, ask.plan.class_name, ask.plan.charge), uid=key)
+        # Pods of the line already charged are counted in `in_use` by their reservations.
+        line = [w for w in self.usage.waiting(namespace) if w.uid not in kept and w.uid != key]
+        outcome = next_releases(namespace, [*line, *behind, me], in_use, ask.limits)
+        if any(pod.uid == key for pod in outcome.released):
+            return QuotaVerdict(True, limit=ask.limits.get(ask.plan.class_name))
+        behind.append(me)
+        place = next(p for p in outcome.waiting if p.pod.uid == key)
+        message = place.message()
+        return QuotaVerdict(
+            True,
+            message,
+            (f"{message}; the scheduling gate {gate_name(ask.config.policy)} holds it",),
+            limit=ask.limits.get(ask.plan.class_name),
+            queued=True,
+        )
 
     def in_use(self, namespace: str) -> dict[str, Fraction]:
         """Return what a namespace holds now, pods and cached reservations together."""
@@ -422,6 +413,14 @@ class QuotaLedger:
         if not kept:
             # Its lock stays: it may have waiters, and locks exist only for real namespaces.
             self._records.pop(namespace, None)
+
+
+def _never_fits(namespace: str, plan: Plan, limits: Mapping[str, Fraction]) -> QuotaVerdict | None:
+    assert plan.class_name is not None
+    never = never_fits(
+        namespace=namespace, class_name=plan.class_name, requested=plan.charge, limits=limits
+    )
+    return None if never is None else QuotaVerdict(False, never, limit=limits.get(plan.class_name))
 
 
 def _reservation_key(request: AdmissionRequest) -> str:
