@@ -14,7 +14,7 @@ help:
 	@echo "make test-fast    the tests that need no control plane"
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
 	@echo "make controlplane build kube-apiserver, kube-scheduler and etcd for the e2e suite (cached)"
-	@echo "make tools        build kustomize and helm, to render deploy/ in the tests (cached)"
+	@echo "make tools        build kustomize, helm and promtool, to render and check deploy/ in the tests (cached)"
 	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes and gpuadm to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
 
