@@ -54,7 +54,7 @@ class ClassReport:
             "inUse": format_amount(self.in_use),
             "reserved": format_amount(self.reserved),
             "waiting": len(self.waiting),
-            "waitingGPUs": format_amount(self.waiting_gpus),
+            "waitingGpus": format_amount(self.waiting_gpus),
             "holders": [
                 {"pod": pod, "gpus": format_amount(charge)}
                 for pod, charge in self.holders[:NAMED_PODS_MAX]
