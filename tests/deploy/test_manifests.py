@@ -886,6 +886,19 @@ def test_update_reaches_the_validating_webhook_only_for_gpuadm_keys(
     assert sent_to_webhook(validating, "UPDATE", new, old) is expected
 
 
+def test_removing_gpuadms_scheduling_gate_reaches_the_validating_webhook(
+    webhooks: tuple[Obj, Obj],
+) -> None:
+    """A pod waiting in line has no gpuadm label of its own to give the update away."""
+    _, validating = webhooks
+    gated = copy.deepcopy(CPU_ONLY)
+    gated["spec"]["schedulingGates"] = [{"name": "example.com/other"}, {"name": "gpuadm.io/quota"}]
+    released = copy.deepcopy(gated)
+    released["spec"]["schedulingGates"] = [{"name": "example.com/other"}]
+    assert sent_to_webhook(validating, "UPDATE", released, gated) is True
+    assert sent_to_webhook(validating, "UPDATE", released, released) is False
+
+
 def test_match_conditions_survive_a_missing_object(webhooks: tuple[Obj, Obj]) -> None:
     mutating, validating = webhooks
     assert sent_to_webhook(mutating, "DELETE", None, GPU_POD) is False

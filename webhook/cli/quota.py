@@ -88,6 +88,7 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
         if not token:
             break
     reserved: dict[str, list[Reservation]] = {}
+    charged: set[str] = set()  # gated pods with a reservation: their gate is about to go
     now = time.time()
     records = kube.list_configmaps(gpuadm_namespace, label_selector=USAGE_RECORD_LABEL).items
     for config_map in records:
@@ -99,6 +100,7 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
         }
         # A reservation stops counting once its pod is seen holding GPUs or ended.
         reserved[namespace] = reservations_to_report(live, holdings.keys() | ended)
+        charged.update(live)
     names = reported_namespaces(
         config.quotas,
         {h.namespace for h in holdings.values()},
@@ -113,7 +115,7 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
             config.quotas,
             [h for h in holdings.values() if h.namespace == namespace],
             reserved.get(namespace, []),
-            [w for w in waiting.values() if w.namespace == namespace],
+            [w for w in waiting.values() if w.namespace == namespace and w.uid not in charged],
         )
     return reports
 

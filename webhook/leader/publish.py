@@ -150,12 +150,14 @@ class QuotaPublisher:
         assert self._published is not None
         quotas = self.config.current.quotas
         await self.ledger.refresh(namespace)
+        reserved = self.ledger.reserved(namespace)
         reports = namespace_report(
             namespace,
             quotas,
             self.usage.holdings(namespace),
-            self.ledger.reserved(namespace).values(),
-            self.usage.waiting(namespace),
+            reserved.values(),
+            # A gated pod with a reservation is charged, its gate about to go: not waiting.
+            [w for w in self.usage.waiting(namespace) if w.uid not in reserved],
         )
         # A namespace the quota file lists is shown even while it holds nothing; any other
         # (under `default`) once it holds, reserves or waits for a GPU.

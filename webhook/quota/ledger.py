@@ -183,7 +183,10 @@ class QuotaLedger:
         limits = quotas.limits_for(namespace)
         async with self._locks[namespace]:
             for _ in range(MAX_ATTEMPTS):
-                record = self._records.get(namespace) or await self.store.read(namespace)
+                # Read afresh, not from this replica's cache: other replicas charge gated pods
+                # at admission, and a pass that releases nothing writes nothing, so it would
+                # never learn of them from a failed write.
+                record = await self.store.read(namespace)
                 now = self.clock()
                 kept = self._unexpired(record, now)
                 line = [w for w in self.usage.waiting(namespace) if w.uid not in skip]
@@ -312,7 +315,8 @@ class QuotaLedger:
         outcome = next_releases(namespace, [*line, *behind, me], in_use, ask.limits)
         if any(pod.uid == key for pod in outcome.released):
             return QuotaVerdict(True, limit=ask.limits.get(ask.plan.class_name))
-        behind.append(me)
+        if not ask.request.dry_run:  # a dry run takes no place in line
+            behind.append(me)
         place = next(p for p in outcome.waiting if p.pod.uid == key)
         message = place.message()
         return QuotaVerdict(

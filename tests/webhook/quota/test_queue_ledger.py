@@ -1,0 +1,780 @@
+"""Queue mode in the ledger: who gets the gate, who waits, releasing the line, charging once."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import functools
+import itertools
+from collections.abc import Awaitable
+from fractions import Fraction
+from typing import Any, TypeVar
+
+import jsonpatch
+import pytest
+
+from policies import Plan, check_final, plan
+from policies.judge import QuotaVerdict
+from policies.queue import GATE_SUFFIX, Waiting, add_gate, remove_gate
+from tests.builders import POLICY_YAML, pod
+from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
+from webhook.quota.ledger import QuotaLedger
+from webhook.quota.reservations import MemoryStore
+from webhook.quota.usage import Holding, UsageIndex, pod_state
+from webhook.reviews.request import AdmissionRequest
+
+QUOTAS = """
+namespaces:
+  team-q: {mode: queue, a100: 1, h100: 2}
+  team-s: {mode: queue, "*": 2}
+  team-e: {a100: 1}
+"""
+GATE = f"gpuadm.io/{GATE_SUFFIX}"
+ROUNDS = 20
+_serial = itertools.count()
+T = TypeVar("T")
+
+
+@functools.cache
+def config(quotas: str = QUOTAS) -> ConfigSnapshot:
+    return snapshot_from_text(POLICY_YAML, quotas, policy_source="p", quotas_source="q")
+
+
+def stored_pod(
+    limits: dict[str, str],
+    namespace: str = "team-q",
+    *,
+    gated: bool = False,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """A pod as the apiserver stores it after gpuadm's rewrite; created one second apart."""
+    body = pod(limits)
+    body = dict(jsonpatch.apply_patch(body, plan(body, config().policy).patch))
+    serial = next(_serial)
+    body["metadata"].update(
+        namespace=namespace,
+        uid=f"uid-{serial}",
+        name=f"p{serial:05d}",
+        creationTimestamp=f"2026-01-01T{serial // 3600 % 24:02d}:{serial // 60 % 60:02d}:"
+        f"{serial % 60:02d}Z",
+    )
+    if priority is not None:
+        body["spec"]["priority"] = priority
+    if gated:
+        body = jsonpatch.apply_patch(body, [add_gate(body, GATE)])
+    return body
+
+
+def ungated(body: dict[str, Any]) -> dict[str, Any]:
+    """The pod once gpuadm removed its gate."""
+    result: dict[str, Any] = jsonpatch.apply_patch(body, remove_gate(body, GATE))
+    return result
+
+
+def request(body: dict[str, Any], *, dry_run: bool = False) -> AdmissionRequest:
+    return AdmissionRequest(
+        uid=f"req-{body['metadata']['uid']}",
+        operation="CREATE",
+        namespace=body["metadata"]["namespace"],
+        name=body["metadata"]["name"],
+        object=body,
+        old_object=None,
+        dry_run=dry_run,
+        user="alice",
+        groups=(),
+    )
+
+
+def observe(usage: UsageIndex, *pods: dict[str, Any], now: float = 0) -> None:
+    snapshot = config()
+    for body in pods:
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=now)
+
+
+def uid(body: dict[str, Any]) -> str:
+    return str(body["metadata"]["uid"])
+
+
+async def stored_charges(store: MemoryStore, namespace: str) -> dict[str, Fraction]:
+    return {u: r.charge for u, r in (await store.read(namespace)).reservations.items()}
+
+
+# --- what the pod watch shows ---------------------------------------------------------------
+
+
+def test_a_gated_pod_waits_holds_nothing_and_is_not_seen() -> None:
+    usage = UsageIndex()
+    body = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True, priority=7)
+    observe(usage, body)
+    (waiting,) = usage.waiting("team-q")
+    assert waiting == Waiting(
+        uid(body),
+        "team-q",
+        body["metadata"]["name"],
+        "a100",
+        Fraction(1, 2),
+        7,
+        body["metadata"]["creationTimestamp"],
+    )
+    assert usage.waiting_namespaces() == ["team-q"]
+    assert usage.in_use("team-q") == {}
+    assert usage.holdings("team-q") == []
+    assert uid(body) not in usage
+    assert not usage.seen(uid(body))
+
+
+def test_a_pod_released_from_the_line_is_held_and_seen() -> None:
+    usage = UsageIndex()
+    body = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True)
+    observe(usage, body)
+    observe(usage, ungated(body))
+    assert usage.waiting("team-q") == []
+    assert usage.waiting_namespaces() == []
+    assert usage.in_use("team-q") == {"a100": Fraction(1, 2)}
+    assert usage.holdings("team-q") == [
+        Holding("team-q", "a100", Fraction(1, 2), body["metadata"]["name"])
+    ]
+    assert usage.seen(uid(body))
+
+
+@pytest.mark.parametrize(
+    ("change", "state"),
+    [
+        pytest.param(lambda body: body, Waiting, id="gated"),
+        pytest.param(ungated, Holding, id="released"),
+        pytest.param(
+            lambda body: {**body, "metadata": {**body["metadata"], "deletionTimestamp": "x"}},
+            type(None),
+            id="gated-and-being-deleted",
+        ),
+        pytest.param(lambda body: {**body, "status": {"phase": "Failed"}}, type(None), id="ended"),
+    ],
+)
+def test_pod_state(change: Any, state: type) -> None:
+    snapshot = config()
+    body = change(stored_pod({"gpuadm.io/a100": "0.5"}, gated=True))
+    assert isinstance(pod_state(body, snapshot.policy, snapshot.quotas), state)
+
+
+def test_a_pod_deleted_while_waiting_leaves_the_line_and_the_listeners_hear_it() -> None:
+    usage = UsageIndex()
+    heard: list[str] = []
+    usage.on_change(heard.append)
+    body = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True)
+    observe(usage, body)
+    observe(usage, body)  # the same again changes nothing
+    assert heard == ["team-q"]
+    deleting = copy.deepcopy(body)
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T01:00:00Z"
+    observe(usage, deleting)
+    assert usage.waiting("team-q") == []
+    assert heard == ["team-q", "team-q"]
+    assert usage.in_use("team-q") == {}
+
+
+# --- who gets the gate -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("namespace", "holding", "asked", "gated"),
+    [
+        pytest.param("team-q", [], {"gpuadm.io/a100": "1"}, True, id="fits"),
+        pytest.param(
+            "team-q", [{"gpuadm.io/a100": "1"}], {"gpuadm.io/a100": "0.5"}, True, id="full"
+        ),
+        pytest.param("team-s", [], {"gpuadm.io/t4": "0.5"}, True, id="under-a-cap"),
+        pytest.param(
+            "team-q", [{"gpuadm.io/a100": "1"}], {"gpuadm.io/t4": "8"}, False, id="unlimited-class"
+        ),
+        pytest.param(
+            "team-e", [{"gpuadm.io/a100": "1"}], {"gpuadm.io/a100": "1"}, False, id="enforce"
+        ),
+        pytest.param("team-x", [], {"gpuadm.io/a100": "1"}, False, id="no-quota"),
+    ],
+)
+def test_every_pod_a_limit_applies_to_gets_the_gate_in_a_queue_namespace(
+    namespace: str, holding: list[dict[str, str]], asked: dict[str, str], gated: bool
+) -> None:
+    usage = UsageIndex()
+    quota = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    observe(usage, *(stored_pod(limits, namespace) for limits in holding))
+    snapshot = config()
+    body = stored_pod(asked, namespace)
+    verdict = quota.should_gate(namespace, check_final(body, snapshot.policy), snapshot)
+    if not gated:
+        assert verdict is None
+    else:
+        assert verdict is not None
+        assert verdict.allowed
+        assert verdict.queued
+
+
+@pytest.mark.parametrize(
+    ("namespace", "asked", "message"),
+    [
+        pytest.param(
+            "team-q",
+            {"gpuadm.io/a100": "2"},
+            'namespace "team-q": a100 quota exceeded: requested 2, more than the whole limit '
+            "of 1, so the pod could never run",
+            id="class",
+        ),
+        pytest.param(
+            "team-s",
+            {"gpuadm.io/t4": "3"},
+            'namespace "team-s": all classes ("*") quota exceeded: requested 3, more than the '
+            "whole limit of 2, so the pod could never run",
+            id="cap",
+        ),
+    ],
+)
+async def test_a_pod_that_could_never_fit_gets_no_gate_and_is_refused(
+    namespace: str, asked: dict[str, str], message: str
+) -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    snapshot = config()
+    body = stored_pod(asked, namespace)
+    verdict = quota.should_gate(namespace, check_final(body, snapshot.policy), snapshot)
+    assert verdict is not None
+    assert not verdict.allowed
+    assert not verdict.queued
+    assert verdict.message == message
+    # Created gated all the same (by hand), it is refused at validation, uncharged.
+    gated = stored_pod(asked, namespace, gated=True)
+    refused = await quota.admit(request(gated), check_final(gated, snapshot.policy), snapshot)
+    assert refused is not None
+    assert not refused.allowed
+    assert refused.message == message
+    assert store.writes == 0
+
+
+# --- admitting a gated pod ---------------------------------------------------------------
+
+
+async def admit_gated(
+    quota: QuotaLedger, body: dict[str, Any], *, dry_run: bool = False
+) -> QuotaVerdict:
+    snapshot = config()
+    verdict = await quota.admit(
+        request(body, dry_run=dry_run), check_final(body, snapshot.policy), snapshot
+    )
+    assert verdict is not None, "a limit applies to this pod, so the ledger must judge it"
+    return verdict
+
+
+@pytest.mark.parametrize(
+    ("holding", "in_line", "asked", "message"),
+    [
+        pytest.param([], [], {"gpuadm.io/a100": "1"}, None, id="fits"),
+        pytest.param(
+            [{"gpuadm.io/a100": "0.75"}],
+            [],
+            {"gpuadm.io/a100": "0.5"},
+            'waiting for GPU quota: namespace "team-q": a100 quota exceeded: requested 0.5, in '
+            "use 0.75 of 1; 0 pods ahead of it in line",
+            id="does-not-fit",
+        ),
+        pytest.param(
+            [{"gpuadm.io/a100": "0.5"}],
+            [{"gpuadm.io/a100": "1"}],
+            {"gpuadm.io/a100": "0.25"},
+            'waiting for GPU quota: namespace "team-q": a100 quota is held for the pods ahead '
+            "(in use 0.5 of 1); 1 pod ahead of it in line",
+            id="fits-but-would-overtake",
+        ),
+        pytest.param(
+            [],
+            [{"gpuadm.io/a100": "0.75"}],
+            {"gpuadm.io/a100": "0.5"},
+            'waiting for GPU quota: namespace "team-q": a100 quota exceeded: requested 0.5, in '
+            "use 0.75 of 1; 0 pods ahead of it in line",
+            id="room-kept-for-the-line",
+        ),
+        pytest.param(
+            [{"gpuadm.io/a100": "1"}],
+            [{"gpuadm.io/a100": "1"}],
+            {"gpuadm.io/h100": "2"},
+            None,
+            id="another-class-in-line",
+        ),
+    ],
+)
+async def test_a_gated_pod_is_charged_at_once_if_the_line_lets_it_else_waits_uncharged(
+    holding: list[dict[str, str]],
+    in_line: list[dict[str, str]],
+    asked: dict[str, str],
+    message: str | None,
+) -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    observe(usage, *(stored_pod(limits) for limits in holding))
+    observe(usage, *(stored_pod(limits, gated=True) for limits in in_line))
+    before = dict(quota.in_use("team-q"))
+    body = stored_pod(asked, gated=True)
+    verdict = await admit_gated(quota, body)
+    assert verdict.allowed
+    if message is None:
+        assert not verdict.queued
+        assert await stored_charges(store, "team-q") == {uid(body): quota_of(asked)}
+        assert store.writes == 1
+    else:
+        assert verdict.queued
+        assert verdict.message == message
+        assert verdict.warnings == (f"{message}; the scheduling gate {GATE} holds it",)
+        assert store.writes == 0
+        assert quota.in_use("team-q") == before
+
+
+def quota_of(limits: dict[str, str]) -> Fraction:
+    (amount,) = limits.values()
+    return Fraction(amount)
+
+
+async def test_a_higher_priority_pod_is_charged_ahead_of_the_line() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    observe(usage, stored_pod({"gpuadm.io/a100": "0.5"}))
+    (first,) = line_of(usage, {"gpuadm.io/a100": "1"})
+    urgent = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True, priority=1000)
+    verdict = await admit_gated(quota, urgent)
+    assert verdict.allowed
+    assert not verdict.queued
+    assert set(await stored_charges(store, "team-q")) == {uid(urgent)}
+    # The pod it went ahead of stays in line: the room is gone.
+    released, outcome = await quota.release("team-q", config().quotas)
+    assert released == []
+    assert [p.pod.uid for p in outcome.waiting] == [uid(first)]
+
+
+async def test_a_gated_dry_run_is_judged_but_charges_nothing() -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    body = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    verdict = await admit_gated(quota, body, dry_run=True)
+    assert verdict.allowed
+    assert not verdict.queued
+    assert store.writes == 0
+    assert quota.in_use("team-q") == {}
+
+
+async def test_a_gated_pod_is_not_judged_on_a_view_not_in_sync() -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True, usage_ready=lambda: False)
+    verdict = await admit_gated(quota, stored_pod({"gpuadm.io/a100": "0.5"}, gated=True))
+    assert not verdict.allowed
+    assert verdict.message == (
+        "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
+    )
+    assert store.writes == 0
+
+
+async def test_a_burst_of_gated_pods_is_charged_in_order_with_one_write_the_rest_waits() -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    shares = ["0.5", "0.25", "0.75", "0.25", "0.1"]
+    bodies = [stored_pod({"gpuadm.io/a100": s}, gated=True) for s in shares]
+    verdicts = await asyncio.gather(*(admit_gated(quota, body) for body in bodies))
+    assert [v.allowed for v in verdicts] == [True] * 5
+    # 0.75 does not fit after 0.75: it waits, and the pods behind it wait behind it, though
+    # the 0.25 after it would fit.
+    assert [v.queued for v in verdicts] == [False, False, True, True, True]
+    assert [v.message.rsplit("; ", 1)[1] for v in verdicts[2:] if v.message] == [
+        "0 pods ahead of it in line",
+        "1 pod ahead of it in line",
+        "2 pods ahead of it in line",
+    ]
+    assert await stored_charges(store, "team-q") == {
+        uid(bodies[0]): Fraction(1, 2),
+        uid(bodies[1]): Fraction(1, 4),
+    }
+    assert store.writes == 1
+
+
+async def test_a_pod_charged_when_created_is_handed_to_the_leader_to_ungate_not_charged_again() -> (
+    None
+):
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    leader = QuotaLedger(usage, store, pods_visible=True)
+    body = stored_pod({"gpuadm.io/a100": "0.75"}, gated=True)
+    verdict = await admit_gated(quota, body)
+    assert not verdict.queued
+    observe(usage, body)  # the watch shows it stored, still gated
+    assert [w.uid for w in usage.waiting("team-q")] == [uid(body)]
+    released, outcome = await leader.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(body)]
+    assert outcome.released == ()
+    assert store.writes == 1
+    await leader.refresh("team-q")
+    assert leader.in_use("team-q") == {"a100": Fraction(3, 4)}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "message"),
+    [
+        pytest.param(
+            "team-q",
+            'namespace "team-q": a100 quota exceeded: requested 0.5, in use 1 of 1; it was taken '
+            "by another pod while this one was being created: create the pod again, and it waits "
+            "in line",
+            id="queue",
+        ),
+        pytest.param(
+            "team-e",
+            'namespace "team-e": a100 quota exceeded: requested 0.5, in use 1 of 1',
+            id="enforce",
+        ),
+    ],
+)
+async def test_an_ungated_pod_that_does_not_fit_is_refused_and_told_how_to_wait(
+    namespace: str, message: str
+) -> None:
+    store = MemoryStore()
+    snapshot = config()
+    winner = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    loser = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    first = stored_pod({"gpuadm.io/a100": "1"}, namespace)
+    second = stored_pod({"gpuadm.io/a100": "0.5"}, namespace)
+    won = await winner.admit(request(first), check_final(first, snapshot.policy), snapshot)
+    assert won is not None
+    assert won.allowed
+    lost = await loser.admit(request(second), check_final(second, snapshot.policy), snapshot)
+    assert lost is not None
+    assert not lost.allowed
+    assert lost.message == message
+    assert await stored_charges(store, namespace) == {uid(first): 1}
+
+
+MIXED_MODES = """
+mode: warn
+namespaces:
+  team-e: {mode: enforce, a100: 1}
+  team-w: {a100: 1}
+"""
+
+
+@pytest.mark.parametrize(
+    ("namespace", "allowed"),
+    [pytest.param("team-e", False, id="own-enforce"), pytest.param("team-w", True, id="file-warn")],
+)
+async def test_the_validating_judgement_follows_the_namespace_mode(
+    namespace: str, allowed: bool
+) -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    snapshot = config(MIXED_MODES)
+    verdicts = []
+    for _ in range(2):
+        body = stored_pod({"gpuadm.io/a100": "1"}, namespace)
+        verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+        assert verdict is not None
+        verdicts.append(verdict)
+    assert verdicts[0].allowed
+    assert verdicts[1].allowed is allowed
+    assert verdicts[1].would_deny is allowed
+    assert sum((await stored_charges(store, namespace)).values()) == (2 if allowed else 1)
+
+
+# --- releasing the line ---------------------------------------------------------------------
+
+
+def line_of(usage: UsageIndex, *limits: dict[str, str], namespace: str = "team-q") -> list[Any]:
+    pods = [stored_pod(each, namespace, gated=True) for each in limits]
+    observe(usage, *pods)
+    return pods
+
+
+async def test_release_charges_the_pods_that_fit_in_order_with_one_write() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    a, b, c, d = line_of(
+        usage,
+        {"gpuadm.io/a100": "0.5"},
+        {"gpuadm.io/a100": "0.5"},
+        {"gpuadm.io/a100": "0.5"},
+        {"gpuadm.io/h100": "2"},
+    )
+    urgent = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True, priority=10)
+    observe(usage, urgent)
+    released, outcome = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(urgent), uid(a), uid(d)]
+    assert [w.uid for w in outcome.released] == [uid(urgent), uid(a), uid(d)]
+    assert [(p.pod.uid, p.ahead) for p in outcome.waiting] == [(uid(b), 0), (uid(c), 1)]
+    assert store.writes == 1
+    assert await stored_charges(store, "team-q") == {uid(urgent): 0.5, uid(a): 0.5, uid(d): 2}
+    assert quota.in_use("team-q") == {"a100": 1, "h100": 2}
+
+
+async def test_a_line_with_nothing_to_release_writes_nothing() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    observe(usage, stored_pod({"gpuadm.io/a100": "1"}))
+    line_of(usage, {"gpuadm.io/a100": "0.5"})
+    released, outcome = await quota.release("team-q", config().quotas)
+    assert released == []
+    assert len(outcome.waiting) == 1
+    assert store.writes == 0
+
+
+async def test_a_pod_released_but_still_shown_gated_is_returned_again_and_charged_once() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    a, b, c = line_of(
+        usage, {"gpuadm.io/a100": "0.5"}, {"gpuadm.io/a100": "0.5"}, {"gpuadm.io/a100": "0.5"}
+    )
+    first, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in first] == [uid(a), uid(b)]
+
+    # The gates are not removed yet (the replica died, or the watch lags): the next pass
+    # hands the same pods back to be ungated, and charges nothing more.
+    again, outcome = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in again] == [uid(a), uid(b)]
+    assert outcome.released == ()
+    assert [p.pod.uid for p in outcome.waiting] == [uid(c)]
+    assert store.writes == 1
+    assert quota.in_use("team-q") == {"a100": 1}
+
+    # A new ledger (another leader) reads the record and does the same.
+    successor = QuotaLedger(usage, store, pods_visible=True)
+    handed, _ = await successor.release("team-q", config().quotas)
+    assert [w.uid for w in handed] == [uid(a), uid(b)]
+    assert store.writes == 1
+    await successor.refresh("team-q")
+    assert successor.in_use("team-q") == {"a100": 1}
+
+    # Left out while their gate removal is on its way: still charged, not handed back.
+    skipped, outcome = await quota.release(
+        "team-q", config().quotas, skip=frozenset({uid(a), uid(b)})
+    )
+    assert skipped == []
+    assert [p.pod.uid for p in outcome.waiting] == [uid(c)]
+    assert quota.in_use("team-q") == {"a100": 1}
+
+
+async def test_a_released_pod_counts_by_its_reservation_until_shown_ungated_then_as_a_pod() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    (body,) = line_of(usage, {"gpuadm.io/a100": "0.75"})
+    released, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(body)]
+    assert usage.in_use("team-q") == {}
+    assert set(quota.reserved("team-q")) == {uid(body)}
+    assert quota.in_use("team-q") == {"a100": Fraction(3, 4)}
+
+    observe(usage, ungated(body), now=1)
+    assert usage.in_use("team-q") == {"a100": Fraction(3, 4)}
+    assert quota.reserved("team-q") == {}
+    assert quota.in_use("team-q") == {"a100": Fraction(3, 4)}
+    assert usage.waiting("team-q") == []
+
+    # Room left: 0.25, exactly.
+    quarter, more = line_of(usage, {"gpuadm.io/a100": "0.25"}, {"gpuadm.io/a100": "0.25"})
+    released, outcome = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(quarter)]
+    assert [p.pod.uid for p in outcome.waiting] == [uid(more)]
+    assert quota.in_use("team-q") == {"a100": 1}
+
+
+async def test_unreserve_gives_the_room_back_to_the_line() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    gone, behind = line_of(usage, {"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "1"})
+    released, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(gone)]
+    usage.forget(uid(gone))  # deleted before its gate was removed
+
+    await quota.unreserve("team-q", uid(gone))
+    assert await stored_charges(store, "team-q") == {}
+    assert quota.in_use("team-q") == {}
+    writes = store.writes
+    await quota.unreserve("team-q", uid(gone))  # again: nothing to do
+    assert store.writes == writes
+
+    released, outcome = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(behind)]
+    assert outcome.waiting == ()
+    assert await stored_charges(store, "team-q") == {uid(behind): 1}
+
+
+async def test_an_expired_reservation_of_a_pod_still_gated_is_charged_anew_not_twice() -> None:
+    now = [1000.0]
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True, clock=lambda: now[0])
+    (body,) = line_of(usage, {"gpuadm.io/a100": "1"})
+    await quota.release("team-q", config().quotas)
+    now[0] += 200  # far past the reservation's life, and the pod still shows its gate
+    released, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(body)]
+    assert await stored_charges(store, "team-q") == {uid(body): 1}
+    assert (await store.read("team-q")).reservations[uid(body)].at == now[0]
+    assert quota.in_use("team-q") == {"a100": 1}
+
+
+# --- several replicas ---------------------------------------------------------------------
+
+
+SHARES = ["0.1", "0.3", "0.2", "0.1", "0.3", "0.2", "0.1", "0.4", "0.1"]
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_replicas_releasing_one_line_together_charge_it_once_in_order(
+    replicas: int,
+) -> None:
+    raced = False
+    for round_ in range(ROUNDS):
+        store = MemoryStore()
+        # The shares add up to exactly 1 in several ways, so an error of a tenth would show.
+        shares = SHARES[round_ % len(SHARES) :] + SHARES[: round_ % len(SHARES)]
+        bodies = [stored_pod({"gpuadm.io/a100": s}, gated=True) for s in shares]
+        ledgers = []
+        for _ in range(replicas):
+            usage = UsageIndex()
+            observe(usage, *bodies)
+            ledgers.append(QuotaLedger(usage, store, pods_visible=True))
+        results = await asyncio.gather(
+            *(each.release("team-q", config().quotas) for each in ledgers)
+        )
+        charges = await stored_charges(store, "team-q")
+        expected = next_fill(shares)
+        assert sum(charges.values()) == expected
+        # Every replica hands back exactly the pods charged, to be ungated.
+        for released, _ in results:
+            assert {w.uid for w in released} == set(charges)
+        for each in ledgers:
+            await each.refresh("team-q")
+            assert each.in_use("team-q") == {"a100": expected}
+        raced = raced or store.conflicts > 0
+    assert raced, "the replicas never raced; the test proves nothing"
+
+
+@pytest.mark.parametrize("replicas", [2, 3])
+async def test_replicas_that_see_different_parts_of_the_line_never_charge_past_the_limit(
+    replicas: int,
+) -> None:
+    """Watches lag each other: each replica sees its own part of the line, so each would
+    release other pods. The record must end up holding every pod any of them hands back to
+    be ungated, and no more than the limit."""
+    raced = False
+    for round_ in range(ROUNDS):
+        store = MemoryStore()
+        shares = SHARES[round_ % len(SHARES) :] + SHARES[: round_ % len(SHARES)]
+        bodies = [stored_pod({"gpuadm.io/a100": s}, gated=True) for s in shares]
+        ledgers = []
+        for replica in range(replicas):
+            usage = UsageIndex()
+            observe(usage, *(b for i, b in enumerate(bodies) if (i + replica) % 3 != 0))
+            ledgers.append(QuotaLedger(usage, store, pods_visible=True))
+        results = await asyncio.gather(
+            *(each.release("team-q", config().quotas) for each in ledgers)
+        )
+        charges = await stored_charges(store, "team-q")
+        assert sum(charges.values()) <= 1
+        handed = [{w.uid for w in released} for released, _ in results]
+        for each in handed:
+            assert each <= set(charges), "a pod would lose its gate without being charged"
+        assert set().union(*handed) == set(charges)
+        raced = raced or store.conflicts > 0
+    assert raced, "the replicas never raced; the test proves nothing"
+
+
+def next_fill(shares: list[str]) -> Fraction:
+    """What releasing the line in order charges, with a limit of 1: first come, first served."""
+    total = Fraction(0)
+    for share in map(Fraction, shares):
+        if total + share > 1:
+            break
+        total += share
+    return total
+
+
+@pytest.mark.parametrize("gated", [True, False])
+async def test_an_admission_and_a_release_racing_for_the_same_room_never_both_get_it(
+    gated: bool,
+) -> None:
+    raced = False
+    winners = set()
+    for round_ in range(ROUNDS):
+        store = MemoryStore()
+        snapshot = config()
+        leader_usage = UsageIndex()
+        leader = QuotaLedger(leader_usage, store, pods_visible=True)
+        # The admitting replica's watch has not shown the waiting pod yet.
+        admitting = QuotaLedger(UsageIndex(), store, pods_visible=True)
+        (waiting,) = line_of(leader_usage, {"gpuadm.io/a100": "0.75"})
+        arriving = stored_pod({"gpuadm.io/a100": "0.5"}, gated=gated)
+        # Each round starts one side a few steps of the event loop after the other.
+        (released, _), verdict = await asyncio.gather(
+            after(round_ % 3, leader.release("team-q", snapshot.quotas)),
+            after(round_ // 3 % 3, admitting.admit(request(arriving), plan_of(arriving), snapshot)),
+        )
+        assert verdict is not None
+        charges = await stored_charges(store, "team-q")
+        assert sum(charges.values()) <= 1
+        assert len(charges) == 1
+        assert (verdict.allowed and not verdict.queued) is (uid(arriving) in charges)
+        assert bool(released) is (uid(waiting) in charges)
+        winners.add("arriving" if uid(arriving) in charges else "waiting")
+        raced = raced or store.conflicts > 0
+    assert raced, "the two never raced; the test proves nothing"
+    assert winners == {"arriving", "waiting"}
+
+
+def plan_of(body: dict[str, Any]) -> Plan:
+    return check_final(body, config().policy)
+
+
+async def after(steps: int, work: Awaitable[T]) -> T:
+    for _ in range(steps):
+        await asyncio.sleep(0)
+    return await work
+
+
+async def test_the_leader_sees_pods_other_replicas_charged_even_when_it_releases_nothing() -> None:
+    # The leader has a record cached from an earlier write; another replica then charges a
+    # gated pod at admission. A pass that releases nothing must still hand that pod over
+    # for its gate to be removed, not tell it to wait.
+    usage = UsageIndex()
+    store = MemoryStore()
+    leader = QuotaLedger(usage, store, pods_visible=True)
+    other = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    holder = stored_pod({"gpuadm.io/a100": "0.25"}, gated=True)
+    observe(usage, holder)
+    released, _ = await leader.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(holder)]  # the leader has written once
+    observe(usage, ungated(holder))
+    big = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    observe(usage, big)  # waits: 0.25 is in use
+    charged = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True)
+    # Charged on the other replica, whose watch does not show `big` yet.
+    assert not (await admit_gated(other, charged)).queued
+    observe(usage, charged)
+    released, outcome = await leader.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(charged)]
+    assert [p.pod.uid for p in outcome.waiting] == [uid(big)]
+
+
+async def test_a_gated_dry_run_takes_no_place_in_line() -> None:
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True)
+    holder = stored_pod({"gpuadm.io/a100": "0.5"})
+    observe(usage, holder)
+    await quota.admit(request(holder), plan_of(holder), config())
+    probe = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    real = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True)
+    dry, verdict = await asyncio.gather(
+        admit_gated(quota, probe, dry_run=True), admit_gated(quota, real)
+    )
+    assert dry.queued
+    assert not verdict.queued, verdict.message
+    assert uid(real) in await stored_charges(store, "team-q")
