@@ -82,6 +82,8 @@ class LeaseElector:
                     await self.try_once()
                 except KubeError as error:
                     log.warning("cannot read or write the Lease %s: %s", self.name, error)
+                except Exception:  # e.g. a Lease edited by hand into nonsense: keep trying
+                    log.exception("cannot take or renew the Lease %s", self.name)
                 self._export()
                 if self.leading() and not was_leading:
                     log.info("leading: this replica releases waiting pods now")

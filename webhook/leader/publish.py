@@ -89,6 +89,7 @@ class QuotaPublisher:
         # What is published: namespace -> object name -> (status, object as stored). None
         # until listed, which each new term as leader starts with.
         self._published: dict[str, dict[str, tuple[Any, dict[str, Any]]]] | None = None
+        self._restart = True
         self._missing_api_logged = False
 
     def wake(self, namespace: str) -> None:
@@ -96,15 +97,16 @@ class QuotaPublisher:
         self._due.add(namespace)
 
     def restart(self) -> None:
-        """Forget what is published: list it again (on becoming the leader)."""
-        self._published = None
+        """List what is published again, and look at every namespace, on the next pass (on
+        becoming the leader, or when the config changes). Safe to call during a pass."""
+        self._restart = True
 
     async def run(self) -> None:
         """Publish until cancelled."""
         while True:
             await asyncio.sleep(self.period)
             if not (self.leading() and self.ready() and self.config.loaded):
-                self._published = None
+                self._restart = True
                 continue
             try:
                 await self.pass_once()
@@ -113,11 +115,15 @@ class QuotaPublisher:
                     self._log_missing_api()
                 else:
                     log.warning("cannot publish quota status: %s", error)
-                self._published = None
+                self._restart = True
+            except Exception:  # one bad pass must not end publishing for good
+                log.exception("publishing quota status failed; retrying")
+                self._restart = True
 
     async def pass_once(self) -> None:
         """Publish the namespaces that are due, or all of them when a full pass is due."""
-        if self._published is None:
+        if self._restart or self._published is None:
+            self._restart = False
             self._published = await self._list_published()
             self._full_at = 0.0
         quotas = self.config.current.quotas
@@ -135,19 +141,21 @@ class QuotaPublisher:
         else:
             due = set(self._due)
         self._due.clear()
+        published = self._published
         for namespace in sorted(due):
             try:
-                await self._publish(namespace)
+                await self._publish(namespace, published)
             except KubeError as error:
                 # One namespace must not hold up the others: a listed namespace that does not
                 # exist (yet) refuses its objects with 404. It is tried again on the next
                 # full pass, or when its pods change.
                 if error.status != 404:
                     log.warning("cannot publish the quota of namespace %s: %s", namespace, error)
-                self._published.pop(namespace, None)
+                published.pop(namespace, None)
 
-    async def _publish(self, namespace: str) -> None:
-        assert self._published is not None
+    async def _publish(
+        self, namespace: str, published_all: dict[str, dict[str, tuple[Any, dict[str, Any]]]]
+    ) -> None:
         quotas = self.config.current.quotas
         await self.ledger.refresh(namespace)
         reserved = self.ledger.reserved(namespace)
@@ -165,7 +173,7 @@ class QuotaPublisher:
             r.in_use or r.reserved or r.waiting for r in reports
         )
         wanted = {object_name(r.class_name): quota_object(r) for r in reports} if relevant else {}
-        published = self._published.setdefault(namespace, {})
+        published = published_all.setdefault(namespace, {})
         for name, body in wanted.items():
             current = published.get(name)
             if current is not None and current[0] == body["status"]:
@@ -175,7 +183,7 @@ class QuotaPublisher:
             await self.api.delete_quota_status(namespace, name)
             del published[name]
         if not published:
-            del self._published[namespace]
+            del published_all[namespace]
 
     async def _write(
         self, namespace: str, body: dict[str, Any], current: tuple[Any, dict[str, Any]] | None
