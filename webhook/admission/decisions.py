@@ -113,7 +113,7 @@ async def mutate_under(
         return Decision("denied", denial.message, revisions=revisions)
     if gate is not None:
         # Whether the pod waits is for the validating judgement to say: a pod that fits is
-        # charged there and its gate removed at once.
+        # charged there, and the leader removes its gate moments later.
         return Decision(
             "mutated",
             warnings=result.warnings,
@@ -131,6 +131,10 @@ def _should_gate(
     request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
 ) -> QuotaVerdict | None:
     if plan.class_name is None:
+        return None
+    if (request.object.get("spec") or {}).get("nodeName"):
+        # The apiserver refuses a gate on a pod already bound to a node; such a pod is
+        # judged as in enforce mode.
         return None
     gate = quota.should_gate(request.namespace, plan, config)
     if gate is not None and gate.allowed and is_gated(request.object, gate_name(config.policy)):

@@ -128,6 +128,12 @@ class AsyncApi:
         """Create a GPUQuota object; a 409 means one of that name exists."""
         return await self._call("POST", _namespaced(GPUADM_API, namespace, "gpuquotas"), body)
 
+    async def get_quota_status(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a GPUQuota object, or None if it does not exist."""
+        return await self._call_or_none(
+            "GET", _namespaced(GPUADM_API, namespace, "gpuquotas", name)
+        )
+
     async def replace_quota_status(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Replace a GPUQuota object at the resourceVersion in `body`."""
         path = _namespaced(GPUADM_API, namespace, "gpuquotas", body["metadata"]["name"])

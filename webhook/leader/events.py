@@ -2,8 +2,8 @@
 when it was released. `kubectl describe pod` shows them; `kubectl get events` lists them.
 
 Each pod has one waiting Event, updated in place (its count grows) when what it says
-changes, so a long line costs one object per pod, not one per pass. A change of position
-alone is written at most every `min_interval` seconds per pod.
+changes, at most every `min_interval` seconds per pod, and every half hour so that it does
+not expire while the pod waits. A long line costs one object per pod, not one per pass.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ log = logging.getLogger("gpuadm.events")
 WAITING = "GPUQuotaWaiting"
 RELEASED = "GPUQuotaReleased"
 MIN_INTERVAL_SECONDS = 5.0
+# Events expire an hour after their last write by default (the apiserver's --event-ttl).
+REFRESH_SECONDS = 1800.0
 
 
 def _now() -> str:
@@ -62,9 +64,11 @@ class PodEvents:
         for place in places:
             said = self._said.get(place.pod.uid)
             message = place.message()
+            # At most one write per pod every `min_interval` (the reason holds live numbers),
+            # and an unchanged Event is written again before the apiserver lets it expire.
             if said is not None and (
-                said[1] == message
-                or (said[0] == place.reason and now - said[2] < self.min_interval)
+                now - said[2] < self.min_interval
+                or (said[1] == message and now - said[2] < REFRESH_SECONDS)
             ):
                 continue
             if await self._write(place.pod, WAITING, message):

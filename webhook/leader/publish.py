@@ -201,7 +201,13 @@ class QuotaPublisher:
         except KubeError as error:
             if error.status != 409:
                 raise
-        # It exists, written by an earlier leader: replace it unconditionally.
+        # It exists, written by an earlier leader: replace it at the version it has now
+        # (custom resources take no update without one). A conflict here is retried on the
+        # next pass.
+        found = await self.api.get_quota_status(namespace, body["metadata"]["name"])
+        if found is None:
+            return await self.api.create_quota_status(namespace, body)
+        body["metadata"]["resourceVersion"] = found["metadata"]["resourceVersion"]
         return await self.api.replace_quota_status(namespace, body)
 
     async def _list_published(self) -> dict[str, dict[str, tuple[Any, dict[str, Any]]]]:

@@ -11,8 +11,9 @@ leader, and every `period` seconds (reservations expire without any event). Each
 3. tells each pod still waiting what it waits for and how many pods are ahead (an Event).
 
 If the replica dies between 1 and 2, the pod is in the record and still gated: the next
-leader's pass finds it so and only removes the gate. A pod deleted before its gate was
-removed gives its reservation back at once.
+leader's pass finds it so and only removes the gate (and keeps its reservation fresh until
+then). A charged pod deleted before its gate was removed gives its reservation back: at once
+if the leader finds it gone, else when the watch shows the deletion.
 """
 
 from __future__ import annotations
@@ -101,10 +102,11 @@ class Releaser:
     async def pass_once(self) -> None:
         """Pass over the lines that are due (all of them on the period or when asked)."""
         now = self.clock()
+        in_line = self._in_line()
         self._released = {
             uid: at
             for uid, at in self._released.items()
-            if now - at < RELEASED_SKIP_SECONDS and uid in self._in_line()
+            if now - at < RELEASED_SKIP_SECONDS and uid in in_line
         }
         lines = set(self.usage.waiting_namespaces())
         due = lines if self._everything else self._due & lines
@@ -112,7 +114,7 @@ class Releaser:
         self._everything = False
         for namespace in sorted(due):
             await self._pass(namespace)
-        self.events.forget_all_but(self._in_line())
+        self.events.forget_all_but(in_line)
 
     def _in_line(self) -> set[str]:
         return {w.uid for ns in self.usage.waiting_namespaces() for w in self.usage.waiting(ns)}
@@ -139,10 +141,10 @@ class Releaser:
             if found is None or (found.get("metadata") or {}).get("uid") != pod.uid:
                 await self._gone(pod)
                 return
-            if (found.get("metadata") or {}).get("deletionTimestamp"):
-                await self._gone(pod)
-                return
             patch = remove_gate(found, gate)
+            if patch and (found.get("metadata") or {}).get("deletionTimestamp"):
+                await self._gone(pod)  # deleted while it waited: it never ran
+                return
             if patch:  # none: another leader removed it already
                 await self.api.patch_pod(
                     pod.namespace,

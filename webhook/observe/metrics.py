@@ -53,7 +53,7 @@ class _QuotaCollector(Collector):
 
 
 class QueueReading(NamedTuple):
-    """The pods of a namespace waiting in line for a class, and how long the first has."""
+    """The pods of a namespace waiting in line for a class, and the longest wait among them."""
 
     namespace: str
     gpu_class: str

@@ -189,7 +189,8 @@ class QuotaLedger:
                 record = await self.store.read(namespace)
                 now = self.clock()
                 kept = self._unexpired(record, now)
-                line = [w for w in self.usage.waiting(namespace) if w.uid not in skip]
+                shown_gated = self.usage.waiting(namespace)
+                line = [w for w in shown_gated if w.uid not in skip]
                 charged = [w for w in line if w.uid in kept]
                 outcome = next_releases(
                     namespace,
@@ -197,9 +198,16 @@ class QuotaLedger:
                     self._in_use(namespace, kept),
                     limits,
                 )
-                if not outcome.released:
+                # A charged pod still shown gated (its gate about to go, or gone and not yet
+                # shown) keeps its reservation fresh, so that it never expires uncounted.
+                stale = [
+                    w
+                    for w in shown_gated
+                    if w.uid in kept and now - kept[w.uid].at > self.reservation_ttl / 3
+                ]
+                if not outcome.released and not stale:
                     return charged, outcome
-                for pod in outcome.released:
+                for pod in (*outcome.released, *stale):
                     kept[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
                 try:
                     version = await self.store.write(namespace, kept, record.version)

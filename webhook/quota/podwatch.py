@@ -151,7 +151,7 @@ class PodWatcher:
         self.last_contact = self.clock()
         metadata = obj.get("metadata") or {}
         if kind == "DELETED":
-            self.usage.forget(str(metadata.get("uid")))
+            self.usage.forget(str(metadata.get("uid")), now=self.clock())
         elif kind in ("ADDED", "MODIFIED"):
             snapshot = self.config.current
             self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=self.clock())

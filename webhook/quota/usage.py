@@ -109,8 +109,14 @@ class UsageIndex:
             self._add(holding, holding.charge)
             self._changed(holding.namespace)
 
-    def forget(self, uid: str) -> None:
-        """Drop a pod that was deleted or finished."""
+    def forget(self, uid: str, *, now: float | None = None) -> None:
+        """Drop a pod that was deleted or finished.
+
+        A pod deleted while gated never ran: with `now`, it counts as seen, so a reservation
+        made for it stops counting at once.
+        """
+        if now is not None and uid in self._line_of:
+            self._seen_at.setdefault(uid, now)
         self._set_waiting(uid, None)
         previous = self._pods.get(uid)
         if previous is not None:

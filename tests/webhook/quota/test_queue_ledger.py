@@ -778,3 +778,35 @@ async def test_a_gated_dry_run_takes_no_place_in_line() -> None:
     assert dry.queued
     assert not verdict.queued, verdict.message
     assert uid(real) in await stored_charges(store, "team-q")
+
+
+async def test_a_charged_pod_still_gated_keeps_its_reservation_fresh_until_shown_ungated() -> None:
+    # The leader is slow to remove a charged pod's gate: its reservation must not expire
+    # meanwhile, or the pod would count nowhere and a pod behind it could take its room.
+    now = [0.0]
+    usage = UsageIndex()
+    store = MemoryStore()
+    quota = QuotaLedger(usage, store, pods_visible=True, clock=lambda: now[0])
+    charged = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    assert not (await admit_gated(quota, charged)).queued
+    behind = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    observe(usage, charged, behind)
+    released, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(charged)]
+    # The leader removed the gate; its watch does not show it yet, so it skips the pod.
+    skip = frozenset({uid(charged)})
+    for step in range(1, 10):
+        now[0] = step * 40.0  # well past the 90 s a reservation lives unrenewed
+        released, outcome = await quota.release("team-q", config().quotas, skip=skip)
+        assert released == []
+        assert [p.pod.uid for p in outcome.waiting] == [uid(behind)]
+
+
+def test_a_charged_pod_deleted_while_gated_stops_counting_at_once() -> None:
+    usage = UsageIndex()
+    body = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    observe(usage, body)
+    assert not usage.seen(uid(body))
+    usage.forget(uid(body), now=5.0)
+    assert usage.seen(uid(body))
+    assert usage.waiting("team-q") == []
