@@ -19,7 +19,6 @@ if the leader finds it gone, else when the watch shows the deletion.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -87,8 +86,10 @@ class Releaser:
     async def run(self) -> None:
         """Pass over the lines until cancelled."""
         while True:
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), self.period)
+            except TimeoutError:
+                self._everything = True  # the periodic pass over every line
             self._wake.clear()
             if not (self.leading() and self.ready() and self.config.loaded):
                 self._everything = True  # whatever changed meanwhile is seen on the next pass
