@@ -20,7 +20,7 @@ from typing import Any
 from policies.judge import judge, never_fits
 from policies.policy import Policy
 from policies.quantity import format_amount
-from policies.quotas import ALL_CLASSES
+from policies.quotas import ALL_CLASSES, limits_on
 
 # The gate's name under the policy's domain: `gpuadm.io/quota`.
 GATE_SUFFIX = "quota"
@@ -143,7 +143,7 @@ def next_releases(
     waiting: list[Place] = []
     waiting_by_class: dict[str, int] = {}
     for pod in in_line_order(line):
-        keys = [k for k in (pod.class_name, ALL_CLASSES) if k in limits]
+        keys = limits_on(pod.class_name, limits)
         ahead = len(waiting) if ALL_CLASSES in limits else waiting_by_class.get(pod.class_name, 0)
         never = never_fits(
             namespace=namespace, class_name=pod.class_name, requested=pod.charge, limits=limits

@@ -33,6 +33,11 @@ def _limit(value: object) -> Fraction:
 Limit = Annotated[Fraction, BeforeValidator(_limit), PlainSerializer(format_amount)]
 
 
+def limits_on(class_name: str, limits: Mapping[str, object]) -> list[str]:
+    """Return the limits a class's pods count against: its own, and `*` (none: unlimited)."""
+    return [key for key in (class_name, ALL_CLASSES) if key in limits]
+
+
 def _check_limit_keys(limits: Mapping[str, object]) -> None:
     for key in limits:
         if key != ALL_CLASSES and not CLASS_NAME.match(key):

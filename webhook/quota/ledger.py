@@ -40,7 +40,7 @@ from fractions import Fraction
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
 from policies.queue import LineOutcome, Waiting, gate_name, is_gated, next_releases, waiting_pod
-from policies.quotas import ALL_CLASSES, QuotaConfig
+from policies.quotas import QuotaConfig, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics, QuotaReading
@@ -118,7 +118,7 @@ class QuotaLedger:
         limits = config.quotas.limits_for(namespace)
         if plan.class_name is None:
             return None
-        if not (plan.class_name in limits or ALL_CLASSES in limits):
+        if not limits_on(plan.class_name, limits):
             return None
         gated = is_gated(request.object, gate_name(config.policy))
         if gated and (never := _never_fits(namespace, plan, limits)) is not None:
@@ -168,7 +168,7 @@ class QuotaLedger:
         class_name = plan.class_name
         if quotas.mode_for(namespace) != "queue" or class_name is None:
             return None
-        if not (class_name in limits or ALL_CLASSES in limits):
+        if not limits_on(class_name, limits):
             return None
         never = _never_fits(namespace, plan, limits)
         return never if never is not None else QuotaVerdict(True, queued=True)
