@@ -277,7 +277,7 @@ def partitions(draw: st.DrawFn) -> dict[str, tuple[str, tuple[str, ...]]]:
     return classes
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300)
 @given(partitions())
 def test_every_partition_is_exact_or_refused_because_it_cannot_be(
     classes: dict[str, tuple[str, tuple[str, ...]]],
