@@ -41,6 +41,13 @@ def is_gated(pod: Mapping[str, Any], gate: str) -> bool:
     return any(isinstance(g, Mapping) and g.get("name") == gate for g in _gates(pod))
 
 
+def may_gate(pod: Mapping[str, Any]) -> bool:
+    """Tell whether a pod can wait behind a gate: the apiserver refuses a scheduling gate on a
+    pod created already bound to a node (`spec.nodeName`), which is judged as in enforce mode."""
+    spec = pod.get("spec")
+    return not (isinstance(spec, Mapping) and spec.get("nodeName"))
+
+
 def add_gate(pod: Mapping[str, Any], gate: str) -> dict[str, Any]:
     """Return the JSON patch operation that gives a pod being created the gate."""
     if "schedulingGates" in (pod.get("spec") or {}) and isinstance(

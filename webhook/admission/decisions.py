@@ -24,7 +24,7 @@ from policies import (
 )
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
 from policies.judge import QuotaVerdict
-from policies.queue import add_gate, gate_name, is_gated
+from policies.queue import add_gate, gate_name, is_gated, may_gate
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
@@ -132,9 +132,7 @@ def _should_gate(
 ) -> QuotaVerdict | None:
     if plan.class_name is None:
         return None
-    if (request.object.get("spec") or {}).get("nodeName"):
-        # The apiserver refuses a gate on a pod already bound to a node; such a pod is
-        # judged as in enforce mode.
+    if not may_gate(request.object):
         return None
     gate = quota.should_gate(request.namespace, plan, config)
     if gate is not None and gate.allowed and is_gated(request.object, gate_name(config.policy)):

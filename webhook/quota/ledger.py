@@ -39,7 +39,15 @@ from fractions import Fraction
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
-from policies.queue import LineOutcome, Waiting, gate_name, is_gated, next_releases, waiting_pod
+from policies.queue import (
+    LineOutcome,
+    Waiting,
+    gate_name,
+    is_gated,
+    may_gate,
+    next_releases,
+    waiting_pod,
+)
 from policies.quotas import QuotaConfig, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -140,9 +148,14 @@ class QuotaLedger:
             task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
             self._committers[namespace] = task
         verdict = await ask.verdict
-        if verdict.exceeded and config.quotas.mode_for(namespace) == "queue":
+        if (
+            verdict.exceeded
+            and config.quotas.mode_for(namespace) == "queue"
+            and may_gate(request.object)
+        ):
             # The room this pod was created for went to another pod meanwhile: the gate that
-            # would have held it can only be given at creation.
+            # would have held it can only be given at creation. (A pod bound to a node at
+            # creation can have no gate: it is told what enforce mode says.)
             return QuotaVerdict(
                 False,
                 f"{verdict.message}; it was taken by another pod while this one was being "
