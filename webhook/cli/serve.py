@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import socket
 import ssl
@@ -159,6 +160,10 @@ def run(args: argparse.Namespace) -> ExitCode:
         extra = (Background("tls-keeper", keeper.run),) if keeper else ()
         app = cluster_app(settings, kube, audit=audit, tls=reloader, extra=extra)
     log.info("serving on https://%s:%d", settings.host, settings.port)
+    # What is loaded by now (modules, the config, the app) lives as long as the process.
+    # Frozen, the collector no longer walks it in each full collection: with the Kubernetes
+    # client loaded, such a walk held the event loop for 40 to 160 ms under load.
+    gc.freeze()
     web.run_app(
         app,
         host=settings.host,
