@@ -22,7 +22,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.quantity import format_amount, parse_quantity
-from policies.shapes import REQUIRED, check_pod, shown
+from policies.shapes import REQUIRED, check_metadata, check_pod, shown
 
 Patch = list[dict[str, Any]]
 DEFAULT_SCHEDULER = "default-scheduler"
@@ -106,10 +106,41 @@ def plan_inputs(
     fields have the wrong type has no inputs: it raises the `Denial` that `plan` would.
     """
     check_pod(pod)
+    return memo_key(pod, policy, namespace_default_class=namespace_default_class)
+
+
+def memo_key(
+    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+) -> bytes:
+    """Return `plan_inputs` of a pod, checking only its metadata.
+
+    The key holds, as they are, the spec fields `check_pod` reads beyond the metadata, so two
+    pods of one key pass or fail that check alike: a memo keyed by this, which plans (and so
+    checks) each new key, need not check a pod it has seen the like of. A pod's metadata is
+    not all in the key, so it is checked here, every time.
+    """
+    check_metadata(pod)
+    spec = pod.get("spec")
+    if spec is not None and type(spec) is not dict:
+        check_pod(pod)  # raises its Denial
+    try:
+        return _inputs(pod, spec or {}, policy, namespace_default_class)
+    except TypeError:
+        # A value JSON cannot hold (from YAML) or nested beyond the encoder's limit: the
+        # shape check names it if it is one of gpuadm's fields.
+        check_pod(pod)
+        raise
+
+
+def _inputs(
+    pod: Mapping[str, Any],
+    spec: Mapping[str, Any],
+    policy: Policy,
+    namespace_default_class: str | None,
+) -> bytes:
     metadata = pod.get("metadata") or {}
     annotations = metadata.get("annotations") or {}
     labels = metadata.get("labels") or {}
-    spec = pod.get("spec") or {}
     prefix = policy.domain + "/"
     owned = {key: value for key, value in annotations.items() if key.startswith(prefix)}
     return orjson.dumps(
@@ -130,11 +161,14 @@ def plan_inputs(
     )
 
 
-def _resources_of(containers: Any) -> list[Any]:
+def _resources_of(containers: Any) -> Any:
+    """What `plan` and the shape check read of a list of containers; any value that is not
+    a list of objects stays as it is, so that the key tells it apart."""
+    if type(containers) is not list:
+        return containers
     return [
-        (c.get("name"), c.get("restartPolicy"), c.get("resources"))
-        for c in containers or ()
-        if isinstance(c, Mapping)
+        (c.get("name"), c.get("restartPolicy"), c.get("resources")) if type(c) is dict else c
+        for c in containers
     ]
 
 

@@ -1,7 +1,9 @@
 """Remember plans: the pods of one ReplicaSet or Job get the same rewrite, computed once.
 
 Keyed by `policies.plan_inputs`, which holds exactly what `plan` reads, so a remembered plan
-is the plan. One memo belongs to one config snapshot and goes with it on reload.
+is the plan. The key is taken without the shape check of the pod's spec, which `plan` makes
+on a miss: the key holds every field that check reads, so a hit is a pod already checked.
+One memo belongs to one config snapshot and goes with it on reload.
 
 The memo is bounded in bytes, not only in entries: a tenant can send distinct pods of a
 megabyte each, and every one of them must not stay. Each entry is weighed when it is made
@@ -17,7 +19,8 @@ from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
-from policies import Denial, Plan, Policy, plan, plan_inputs
+from policies import Denial, Plan, Policy, plan
+from policies.rewrite import memo_key
 from webhook.observe.metrics import MemoReading
 
 # Distinct pod shapes remembered. Pods of one ReplicaSet or Job share a shape, so a cluster
@@ -67,7 +70,7 @@ class PlanMemo:
 
     def plan(self, pod: Mapping[str, Any], *, namespace_default_class: str | None) -> Plan:
         """Return `policies.plan` of the pod, or raise its `Denial`."""
-        key = plan_inputs(pod, self._policy, namespace_default_class=namespace_default_class)
+        key = memo_key(pod, self._policy, namespace_default_class=namespace_default_class)
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:

@@ -138,3 +138,59 @@ def test_a_plan_heavier_than_its_share_of_the_budget_is_not_remembered() -> None
     assert memo.stats().entries == 0
     assert memo.plan(large, namespace_default_class=None) == first
     assert memo.hits == 0
+
+
+def nested(levels: int) -> Any:
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def malformed(change: Any) -> dict[str, Any]:
+    body = pod({"gpuadm.io/a100": "0.5"}, annotations={"a": "b"})
+    change(body)
+    return body
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param(malformed(lambda b: b["metadata"].update(labels={"x": 5})), id="label"),
+        pytest.param(malformed(lambda b: b["metadata"].update(name=["x"])), id="name"),
+        pytest.param(malformed(lambda b: b["metadata"].update(annotations=["a"])), id="notes"),
+        pytest.param(malformed(lambda b: b.update(spec=["x"])), id="spec"),
+        pytest.param(malformed(lambda b: b["spec"]["containers"].append(5)), id="container"),
+        pytest.param(malformed(lambda b: b["spec"].update(containers={"a": 1})), id="containers"),
+        pytest.param(
+            malformed(lambda b: b["spec"]["containers"][0]["resources"].update(limits=[1])),
+            id="limits",
+        ),
+        pytest.param(malformed(lambda b: b["spec"].update(tolerations=[None])), id="toleration"),
+        pytest.param(malformed(lambda b: b["spec"].update(nodeName=3)), id="node"),
+        pytest.param(
+            malformed(lambda b: b["spec"].update(affinity={"a": nested(20)})),
+            id="deep",
+        ),
+        pytest.param(
+            malformed(
+                lambda b: b["spec"]["containers"][0]["resources"].update(limits={"cpu": b"1"})
+            ),
+            id="not-json",
+        ),
+    ],
+)
+def test_a_malformed_pod_is_refused_even_after_its_like_was_remembered(
+    bad: dict[str, Any],
+) -> None:
+    # The memo's key leaves the spec's shape check to `plan` on a miss; a remembered pod
+    # must never let a malformed one through as its like.
+    memo = PlanMemo(POLICY)
+    good = malformed(lambda b: None)
+    assert not isinstance(memoized(memo, good), str)
+    with pytest.raises(Denial) as fresh_denial:
+        plan(bad, POLICY)
+    for _ in range(2):  # planned, then remembered
+        with pytest.raises(Denial) as denial:
+            memo.plan(bad, namespace_default_class=None)
+        assert denial.value.message == fresh_denial.value.message
