@@ -293,11 +293,18 @@ class QuotaLedger:
         verdicts = []
         reserved = False
         behind: list[Waiting] = []  # gated pods of this batch left waiting, in order
+        # What the namespace holds, summed once a batch and kept up to date as it admits:
+        # summing it again for each admission cost a pass over every reservation of the
+        # last 90 s, each time.
+        totals = self._in_use(namespace, kept)
         for ask in batch:
             class_name = ask.plan.class_name
             assert class_name is not None
             key = _reservation_key(ask.request)
-            in_use = self._in_use(namespace, {uid: r for uid, r in kept.items() if uid != key})
+            # A pod judged again (a retried request) is not counted against itself.
+            counted = not self._counted_as_pod(key)
+            own = kept.get(key)
+            in_use = totals if own is None or not counted else _less(totals, own)
             if ask.gated:
                 verdict = self._judge_gated(namespace, ask, key, kept, in_use, behind)
             else:
@@ -313,6 +320,11 @@ class QuotaLedger:
             if verdict.allowed and not verdict.queued and not ask.request.dry_run:
                 kept[key] = Reservation(class_name, ask.plan.charge, now, ask.request.pod_name)
                 reserved = True
+                if counted:  # its new reservation replaces the one `in_use` left out
+                    totals = {
+                        **in_use,
+                        class_name: in_use.get(class_name, Fraction(0)) + ask.plan.charge,
+                    }
         if reserved:
             version = await self.store.write(namespace, kept, record.version)
             self._records[namespace] = Record(kept, version)
@@ -378,13 +390,18 @@ class QuotaLedger:
             if now - reservation.at < self.reservation_ttl
         }
 
+    def _counted_as_pod(self, uid: str) -> bool:
+        """Tell whether the watch has shown this pod, which then counts as a pod, not by its
+        reservation."""
+        return self.pods_visible and self.usage.seen(uid)
+
     def _in_use(
         self, namespace: str, reservations: Mapping[str, Reservation]
     ) -> dict[str, Fraction]:
         totals = dict(self.usage.in_use(namespace))
         for uid, reservation in reservations.items():
-            if self.pods_visible and self.usage.seen(uid):
-                continue  # the watch has shown this pod: it is counted as a pod
+            if self._counted_as_pod(uid):
+                continue
             totals[reservation.class_name] = (
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )
@@ -438,6 +455,14 @@ class QuotaLedger:
         if not kept:
             # Its lock stays: it may have waiters, and locks exist only for real namespaces.
             self._records.pop(namespace, None)
+
+
+def _less(totals: Mapping[str, Fraction], reservation: Reservation) -> dict[str, Fraction]:
+    """Return what a namespace holds without one reservation counted in it."""
+    return {
+        **totals,
+        reservation.class_name: totals[reservation.class_name] - reservation.charge,
+    }
 
 
 def _never_fits(namespace: str, plan: Plan, limits: Mapping[str, Fraction]) -> QuotaVerdict | None:

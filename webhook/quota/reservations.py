@@ -9,6 +9,7 @@ keeps several gpuadm replicas from admitting the same room twice.
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any, Protocol
@@ -33,7 +34,7 @@ class Reservation:
         """Return the reservation as stored in the record."""
         return {
             "class": self.class_name,
-            "charge": format_amount(self.charge),
+            "charge": _written(self.charge),
             "at": self.at,
             "pod": self.pod,
         }
@@ -43,10 +44,22 @@ class Reservation:
         """Read a reservation back from the record."""
         return cls(
             str(data["class"]),
-            Fraction(str(data["charge"])),
+            _read(str(data["charge"])),
             float(data["at"]),
             str(data.get("pod", "")),
         )
+
+
+# A record holds every reservation of the last 90 s, each written and read at every write
+# or read of it; charges take few values (1, 0.5, 2 ...), so each is converted once.
+@functools.lru_cache(maxsize=1024)
+def _written(charge: Fraction) -> str:
+    return format_amount(charge)
+
+
+@functools.lru_cache(maxsize=1024)
+def _read(charge: str) -> Fraction:
+    return Fraction(charge)
 
 
 @dataclass(frozen=True, slots=True)

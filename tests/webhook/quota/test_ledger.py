@@ -298,3 +298,23 @@ async def test_a_namespace_that_cannot_be_checked_is_a_clean_denial() -> None:
     assert "cannot reach the apiserver (503: apiserver is shutting down); retry" in (
         outcome.message or ""
     )
+
+
+async def test_a_pod_judged_again_is_not_counted_against_itself_alone_or_in_a_batch() -> None:
+    # The apiserver retries a webhook call after a timeout: the pod's first reservation must
+    # not make its second judgement refuse it, nor count twice for the pods judged with it.
+    quota = ledger()
+    snapshot = config()
+    first = stored_pod({"gpuadm.io/h100": "4"})
+    assert (await judged(quota, first, snapshot)).allowed
+    again = await judged(quota, first, snapshot)
+    assert again.allowed
+    assert again.in_use == 0
+    retried, fits, over = await asyncio.gather(
+        judged(quota, first, snapshot),
+        judged(quota, stored_pod({"gpuadm.io/h100": "6"}), snapshot),
+        judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot),
+    )
+    assert (retried.allowed, fits.allowed, over.allowed) == (True, True, False)
+    assert over.message == 'namespace "team-a": h100 quota exceeded: requested 1, in use 10 of 10'
+    assert quota.in_use("team-a")["h100"] == 10
