@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+import uuid
+from fractions import Fraction
 
 import aiohttp
+import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.cluster import ControlPlane
+from tests.e2e.cluster import GPUADM_USER, ControlPlane
 from tests.e2e.fixtures import Deployment, pod_body
 from tests.e2e.gpuadm import NAMESPACE, put_configmap, wait_until
+from webhook.kube.client import connect
+from webhook.kube.rest import AsyncApi
+from webhook.quota.configmap_store import DATA_KEY, RECORD_MAX_BYTES, ConfigMapStore
+from webhook.quota.reservations import Record, Reservation
 
 
 def quota(namespace: str, **limits: int) -> str:
@@ -135,3 +142,53 @@ def test_fifty_concurrent_creates_against_room_for_ten_store_exactly_ten(
             assert sum(1 for n in busy if n > 0) >= 2, f"one replica took all traffic: {busy}"
     finally:
         gpuadm.route(len(gpuadm.processes))
+
+
+def test_a_record_of_the_largest_size_gpuadm_writes_is_stored_and_one_byte_more_is_not(
+    core_v1: kubernetes.client.CoreV1Api, namespace: str
+) -> None:
+    # gpuadm refuses, before sending it, a record larger than RECORD_MAX_BYTES: the
+    # apiserver's own limit, not a guess at it.
+    def config_map(name: str, size: int) -> kubernetes.client.V1ConfigMap:
+        return kubernetes.client.V1ConfigMap(
+            metadata=kubernetes.client.V1ObjectMeta(name=name), data={DATA_KEY: "x" * size}
+        )
+
+    core_v1.create_namespaced_config_map(namespace, config_map("at-limit", RECORD_MAX_BYTES))
+    with pytest.raises(ApiException) as refused:
+        core_v1.create_namespaced_config_map(
+            namespace, config_map("over-limit", RECORD_MAX_BYTES + 1)
+        )
+    assert refused.value.status == 422
+
+
+def test_the_store_writes_a_record_of_thousands_and_reads_back_each_reservation(
+    gpuadm: Deployment, control_plane: ControlPlane
+) -> None:
+    kube = connect(str(control_plane.kubeconfig_of(GPUADM_USER)))
+    tenant = f"record-{uuid.uuid4().hex[:8]}"  # only the record's name: no such namespace
+    # Made now, so that no replica's pruning finds them expired while the test runs.
+    now = time.time()
+    record = {
+        str(uuid.uuid4()): Reservation("h100", Fraction(n % 7 + 1, 2), now + n / 1000, f"pod-{n}")
+        for n in range(3000)
+    }
+
+    async def write_twice_and_read() -> tuple[Record, Record]:
+        api = AsyncApi(kube.endpoint())
+        store = ConfigMapStore(kube, api, NAMESPACE)
+        try:
+            first = await store.write(tenant, record, None)
+            # Written again with one reservation more, as at an admission: the text of the
+            # 3,000 is reused, the new one is encoded.
+            record["new"] = Reservation("h100", Fraction(1), now, "new")
+            await store.write(tenant, record, first)
+            stored = await store.read(tenant)
+            await store.delete(tenant, str(stored.version))
+            return stored, await store.read(tenant)
+        finally:
+            await api.close()
+
+    stored, after_delete = asyncio.run(write_twice_and_read())
+    assert stored.reservations == record
+    assert after_delete.version is None

@@ -14,14 +14,53 @@ import orjson
 
 from webhook.kube.client import MANAGED_BY, USAGE_RECORD_LABEL, Kube, KubeError
 from webhook.kube.rest import AsyncApi
-from webhook.quota.reservations import EMPTY, Conflict, Record, Reservation
+from webhook.quota.reservations import EMPTY, Conflict, Record, RecordFull, Reservation
 
 DATA_KEY = "reservations.json"
+# The apiserver refuses a ConfigMap whose values take more than 1 MiB in all.
+RECORD_MAX_BYTES = 1024 * 1024
 
 
 def record_name(namespace: str) -> str:
     """Name the ConfigMap that holds a tenant namespace's reservations."""
     return f"gpuadm-usage-{namespace}"
+
+
+class RecordText:
+    """Encodes records as JSON, each reservation once.
+
+    A record holds every reservation of the last 90 s and is written whole at each
+    admission, while a write adds one reservation or a few: each namespace's reservations
+    are kept with their text from its last write, and only new ones are encoded. A
+    reservation is reused only if it is the very object encoded before (reservations are
+    immutable), so the text is always that of the reservation written.
+    """
+
+    def __init__(self) -> None:
+        self._last: dict[str, dict[str, tuple[Reservation, bytes]]] = {}
+
+    def encode(self, namespace: str, reservations: dict[str, Reservation]) -> bytes:
+        """Return the record's JSON: the same bytes as encoding the whole mapping at once."""
+        before = self._last.get(namespace, {})
+        now = {
+            uid: (
+                known
+                if (known := before.get(uid)) is not None and known[0] is reservation
+                else (reservation, _entry(uid, reservation))
+            )
+            for uid, reservation in reservations.items()
+        }
+        self._last[namespace] = now
+        return b"{" + b",".join([text for _, text in now.values()]) + b"}"
+
+    def forget(self, namespace: str) -> None:
+        """Drop what is kept of a namespace whose record is gone."""
+        self._last.pop(namespace, None)
+
+
+def _entry(uid: str, reservation: Reservation) -> bytes:
+    """Return `"uid":{...}`: a mapping of one reservation, without its braces."""
+    return orjson.dumps({uid: reservation.to_json()})[1:-1]
 
 
 def record_of(config_map: dict[str, Any]) -> Record:
@@ -40,6 +79,7 @@ class ConfigMapStore:
         self.kube = kube
         self.api = api
         self.namespace = namespace
+        self.text = RecordText()
 
     async def read(self, namespace: str) -> Record:
         """Return the tenant namespace's record; a missing ConfigMap is an empty record."""
@@ -49,7 +89,11 @@ class ConfigMapStore:
     async def write(
         self, namespace: str, reservations: dict[str, Reservation], version: str | None
     ) -> str:
-        """Create or replace the record at `version`; raise `Conflict` if it moved on."""
+        """Create or replace the record at `version`; raise `Conflict` if it moved on, and
+        `RecordFull`, writing nothing, if it is larger than a ConfigMap may be."""
+        text = self.text.encode(namespace, reservations)
+        if len(text) > RECORD_MAX_BYTES:
+            raise RecordFull(namespace, len(reservations), RECORD_MAX_BYTES)
         metadata: dict[str, Any] = {
             "name": record_name(namespace),
             "namespace": self.namespace,
@@ -61,11 +105,7 @@ class ConfigMapStore:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": metadata,
-            "data": {
-                DATA_KEY: orjson.dumps(
-                    {uid: r.to_json() for uid, r in sorted(reservations.items())}
-                ).decode()
-            },
+            "data": {DATA_KEY: text.decode()},
         }
         call = self.api.create_configmap if version is None else self.api.replace_configmap
         try:
@@ -90,6 +130,7 @@ class ConfigMapStore:
                 raise Conflict(namespace) from None
             if error.status != 404:  # gone already: what deleting wanted
                 raise
+        self.text.forget(namespace)
 
     async def namespaces(self) -> list[str]:
         """Return the tenant namespaces that have a record, by the records' label."""

@@ -53,7 +53,13 @@ from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics, QuotaReading
 from webhook.quota.namespaces import every_namespace_exists
-from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
+from webhook.quota.reservations import (
+    Conflict,
+    Record,
+    RecordFull,
+    Reservation,
+    ReservationStore,
+)
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -274,6 +280,10 @@ class QuotaLedger:
             busy = f'the quota record of namespace "{namespace}" is busy; retry the request'
             for ask in batch:
                 ask.verdict.set_result(QuotaVerdict(False, busy))
+        except RecordFull as full:  # nothing was written; the oldest expire within 90 s
+            log.warning("%s", full.detail)
+            for ask in batch:
+                ask.verdict.set_result(QuotaVerdict(False, full.detail))
         except KubeError as error:  # the apiserver is unreachable or refused: no fault of ours
             log.warning("cannot store the quota record of namespace %s: %s", namespace, error)
             unreachable = QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
@@ -399,9 +409,10 @@ class QuotaLedger:
         self, namespace: str, reservations: Mapping[str, Reservation]
     ) -> dict[str, Fraction]:
         totals = dict(self.usage.in_use(namespace))
-        for uid, reservation in reservations.items():
-            if self._counted_as_pod(uid):
-                continue
+        # Reservations of pods the watch has shown are counted as pods instead.
+        pending = self.usage.unseen(reservations) if self.pods_visible else reservations
+        for uid in pending:
+            reservation = reservations[uid]
             totals[reservation.class_name] = (
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )

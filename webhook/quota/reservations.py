@@ -15,10 +15,23 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from policies.quantity import format_amount
+from webhook.kube.errors import KubeError
 
 
 class Conflict(Exception):
     """The record changed since it was read; read it again and redo the judgement."""
+
+
+class RecordFull(KubeError):
+    """The record would hold more than its store can keep: nothing was written."""
+
+    def __init__(self, namespace: str, reservations: int, limit_bytes: int) -> None:
+        self.detail = (
+            f'the quota record of namespace "{namespace}" is full: {reservations} '
+            f"reservations of recent admissions would take more than its "
+            f"{limit_bytes // 1024} KiB; retry in a minute, when the oldest have expired"
+        )
+        super().__init__(413, self.detail)
 
 
 @dataclass(frozen=True, slots=True)

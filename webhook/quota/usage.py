@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -80,6 +80,11 @@ class UsageIndex:
         it is gone since. A pod seen only while it waited in line does not count: its
         reservation, made when it is released, is what charges it until it is seen again."""
         return uid in self._seen_at
+
+    def unseen(self, uids: Iterable[str]) -> list[str]:
+        """Return those of `uids` that the watch has not shown (see `seen`), in order."""
+        seen_at = self._seen_at
+        return [uid for uid in uids if uid not in seen_at]
 
     def forget_seen_before(self, moment: float) -> None:
         """Forget sightings older than `moment`: their reservations have expired anyway."""

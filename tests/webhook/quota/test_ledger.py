@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import uuid
 from fractions import Fraction
 from typing import Any
@@ -17,7 +18,7 @@ from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore, Reservation
+from webhook.quota.reservations import MemoryStore, RecordFull, Reservation
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -286,6 +287,49 @@ async def test_an_unreachable_apiserver_is_a_clean_denial_asking_to_retry(
     assert not outcome.allowed
     assert outcome.message == "gpuadm cannot reach the apiserver (connection refused); retry"
     assert "Traceback" not in caplog.text
+
+
+class SmallStore(MemoryStore):
+    """A record store that holds at most `room` reservations a record, as a ConfigMap holds
+    at most 1 MiB."""
+
+    def __init__(self, room: int) -> None:
+        super().__init__()
+        self.room = room
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        if len(reservations) > self.room:
+            raise RecordFull(namespace, len(reservations), 1024 * 1024)
+        return await super().write(namespace, reservations, version)
+
+
+async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empties(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [1000.0]
+    store = SmallStore(room=2)
+    quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
+    snapshot = config()
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    # The quota has room for 8 more; the record has none, and says so.
+    outcomes = await asyncio.gather(
+        *(judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot) for _ in range(3))
+    )
+    assert [o.allowed for o in outcomes] == [False] * 3
+    for outcome in outcomes:
+        assert re.fullmatch(
+            'the quota record of namespace "team-a" is full: [345] reservations of recent '
+            "admissions would take more than its 1024 KiB; retry in a minute, when the "
+            "oldest have expired",
+            outcome.message or "",
+        )
+    assert len((await store.read("team-a")).reservations) == 2
+    assert "Traceback" not in caplog.text
+    now[0] += 91  # the two reservations expire: the record has room again
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
 
 
 async def test_a_namespace_that_cannot_be_checked_is_a_clean_denial() -> None:

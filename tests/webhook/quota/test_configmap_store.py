@@ -1,0 +1,92 @@
+"""The reservation record's text: what a ConfigMap holds, encoded a reservation at a time."""
+
+from __future__ import annotations
+
+import uuid
+from fractions import Fraction
+
+import orjson
+import pytest
+
+from webhook.kube.endpoint import Endpoint
+from webhook.kube.rest import AsyncApi
+from webhook.quota.configmap_store import (
+    DATA_KEY,
+    RECORD_MAX_BYTES,
+    ConfigMapStore,
+    RecordText,
+    record_of,
+)
+from webhook.quota.reservations import RecordFull, Reservation
+
+
+def reservation(at: float, charge: str = "1", pod: str = "p") -> Reservation:
+    return Reservation("h100", Fraction(charge), at, pod)
+
+
+def whole(reservations: dict[str, Reservation]) -> bytes:
+    """The record's JSON, encoded at once."""
+    return orjson.dumps({uid: r.to_json() for uid, r in reservations.items()})
+
+
+def test_each_write_is_the_whole_record_encoded_at_once() -> None:
+    text = RecordText()
+    record: dict[str, Reservation] = {}
+    assert text.encode("team-a", record) == b"{}"
+    for step in range(30):
+        record[str(uuid.uuid4())] = reservation(1000.0 + step, charge=("1", "0.5", "7/3")[step % 3])
+        if step % 4 == 3:  # the oldest expires
+            del record[next(iter(record))]
+        if step % 5 == 4:  # one is written again with a new time and charge (a release)
+            uid = next(iter(record))
+            record[uid] = reservation(2000.0 + step, charge="2", pod="again")
+        assert text.encode("team-a", dict(record)) == whole(record)
+
+
+def test_a_reservation_replaced_under_its_uid_is_encoded_anew() -> None:
+    text = RecordText()
+    first = {"u": reservation(1.0)}
+    text.encode("team-a", first)
+    # Equal in every field but the time: the text must be the new reservation's.
+    second = {"u": reservation(2.0)}
+    assert record_of(configmap(text.encode("team-a", second))).reservations == second
+
+
+def test_namespaces_are_kept_apart_and_forgotten() -> None:
+    text = RecordText()
+    shared = reservation(1.0)
+    assert text.encode("team-a", {"u": shared}) == whole({"u": shared})
+    other = {"v": reservation(3.0, charge="0.5")}
+    assert text.encode("team-b", other) == whole(other)
+    text.forget("team-a")
+    assert text.encode("team-a", {"u": shared}) == whole({"u": shared})
+
+
+def test_the_text_reads_back_as_the_record_written() -> None:
+    text = RecordText()
+    record = {
+        str(uuid.uuid4()): reservation(1000.5 + n, charge="1/3", pod=f"p-{n}") for n in range(5)
+    }
+    assert record_of(configmap(text.encode("team-a", record))).reservations == record
+
+
+async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_sent() -> None:
+    # Nothing listens on this address: a record that reached the network would fail with a
+    # connection error, not with RecordFull.
+    api = AsyncApi(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
+    store = ConfigMapStore(kube=None, api=api, namespace="gpuadm-system")  # type: ignore[arg-type]
+    # Pod names may be 253 characters long: a reservation then takes about 340 bytes.
+    long_name = "p" * 253
+    record = {str(uuid.uuid4()): reservation(1e9 + n, pod=long_name) for n in range(4000)}
+    assert len(whole(record)) > RECORD_MAX_BYTES
+    with pytest.raises(RecordFull) as refused:
+        await store.write("team-a", record, "41")
+    assert refused.value.status == 413
+    assert refused.value.detail.startswith(
+        'the quota record of namespace "team-a" is full: 4000 reservations'
+    )
+    await api.close()
+
+
+def configmap(text: bytes) -> dict[str, object]:
+    return {"data": {DATA_KEY: text.decode()}, "metadata": {"resourceVersion": "1"}}
