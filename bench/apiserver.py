@@ -33,7 +33,13 @@ import kubernetes.client
 
 from bench.creates import Burst, PodCreator, interleaved_latencies, one_gpu_pods
 from bench.server import serving_bare
-from bench.webhooks import NOOP_LABEL, REPLICAS, gpuadm_replicas, register_noop_webhooks
+from bench.webhooks import (
+    NOOP_LABEL,
+    REPLICAS,
+    gpuadm_replicas,
+    point_gpuadm_webhooks,
+    register_noop_webhooks,
+)
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import Deployment
@@ -101,8 +107,10 @@ async def _measure(
 ) -> dict[str, Any]:
     async with PodCreator(plane, connections=BURST) as creator:
         await creator.open_connections()
+        await asyncio.to_thread(point, deployment, direct=True)
         await interleaved_latencies(creator, SEQUENTIAL, count=WARMUP_CREATES, prefix="warm")
         latencies = await interleaved_latencies(creator, SEQUENTIAL, count=count, prefix="seq")
+        await asyncio.to_thread(point, deployment, direct=False)
         burst_figures: dict[str, list[dict[str, Any]]] = {kind: [] for kind in BURSTS}
         for round_ in range(len(bursts["native"])):
             for kind, (resource, replicas) in BURSTS.items():
@@ -148,6 +156,17 @@ async def measured_burst(
         "dry_run_statuses": _by_status(warmup),
         "record_conflicts": _conflicts(deployment) - conflicts_before,
     }
+
+
+def point(deployment: Deployment, *, direct: bool) -> None:
+    """Point gpuadm's webhooks at its first replica (`direct`) or at the balancer."""
+    point_gpuadm_webhooks(
+        deployment.api,
+        deployment,
+        direct=direct,
+        probe_namespace="open",
+        probe_resource=GPUADM_RESOURCE,
+    )
 
 
 def _quarters(values: list[float]) -> list[list[float]]:

@@ -101,6 +101,43 @@ def gpuadm_replicas(
             process.stop()
 
 
+def point_gpuadm_webhooks(
+    api: kubernetes.client.ApiClient,
+    deployment: Deployment,
+    *,
+    direct: bool,
+    probe_namespace: str,
+    probe_resource: str,
+) -> None:
+    """Point gpuadm's webhooks straight at its first replica, or back at the balancer.
+
+    Sequential creates go straight to one replica, as the no-op webhooks are called: in a
+    cluster a Service routes in the kernel, while the suite's balancer relays every byte
+    through Python in the benchmark's own process, about 0.5 ms a call. Bursts need the
+    balancer, to spread over replicas. With the balancer routing nowhere, a create reaches
+    gpuadm only through the configuration pointing past it, which tells when the
+    apiserver has taken up the new one.
+    """
+    first = deployment.processes[0]
+    base = f"https://127.0.0.1:{first.port}" if direct else deployment.url
+    deployment.route(0)
+    register_webhooks(
+        api, deployment.ca_file, mutate_url=f"{base}/mutate", validate_url=f"{base}/validate"
+    )
+
+    def in_force() -> bool:
+        try:
+            deployment.create_pod(probe_namespace, {probe_resource: "1"}, dry_run=True)
+        except kubernetes.client.exceptions.ApiException:
+            return not direct  # the balancer routes nowhere: the call failed through it
+        return direct
+
+    wait_until(
+        in_force, "gpuadm's webhooks pointed " + ("at one replica" if direct else "at the balancer")
+    )
+    deployment.route(1)
+
+
 def register_noop_webhooks(
     api: kubernetes.client.ApiClient, served: Served, *, probe_namespace: str
 ) -> None:
