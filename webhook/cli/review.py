@@ -26,6 +26,17 @@ from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
 
+class ManifestLoader(yaml.SafeLoader):
+    """YAML read as kubectl reads a manifest before sending it as JSON: a timestamp such as
+    2026-01-01 stays the text it is written as, since JSON has no dates."""
+
+
+ManifestLoader.yaml_implicit_resolvers = {
+    first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpuadm review` to the command line."""
     review = sub.add_parser("review", help="show offline what gpuadm would do to a pod")
@@ -41,11 +52,16 @@ def run(args: argparse.Namespace) -> ExitCode:
     config = load_config(args.policy, args.quotas)
     try:
         text = sys.stdin.read() if str(args.pod) == "-" else args.pod.read_text()
-        pod = yaml.safe_load(text)
+        pod = yaml.load(text, Loader=ManifestLoader)
     except (OSError, yaml.YAMLError) as error:
         raise CommandError(f"cannot read pod {args.pod}: {error}") from None
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise CommandError(f"{args.pod} is not a Pod manifest")
+    try:
+        json.dumps(pod)
+    except (TypeError, ValueError) as error:
+        # An explicit tag such as !!binary or !!set: the apiserver takes JSON, which has none.
+        raise CommandError(f"{args.pod} holds a value JSON cannot carry: {error}") from None
     metadata = pod.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise CommandError(f"{args.pod}: metadata is not a mapping")

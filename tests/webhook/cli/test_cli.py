@@ -112,6 +112,40 @@ def test_review_of_what_is_no_pod_is_a_usage_error(
     assert error in capsys.readouterr().err
 
 
+MANIFEST = """kind: Pod
+metadata: {name: p}
+spec:
+  containers:
+  - name: main
+    image: x
+    resources: {limits: {gpuadm.io/h100: 1}, other: VALUE}
+"""
+
+
+def test_review_reads_a_timestamp_as_the_text_kubectl_would_send(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(MANIFEST.replace("VALUE", "2026-01-01"))
+    assert main(["review", str(path), "--policy", str(POLICY), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pod"]["spec"]["containers"][0]["resources"]["other"] == "2026-01-01"
+    path.write_text(MANIFEST.replace("gpuadm.io/h100: 1", "gpuadm.io/h100: 2026-01-01"))
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 1
+    assert "'2026-01-01' is not a quantity" in capsys.readouterr().out
+
+
+def test_review_of_a_value_json_cannot_carry_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(MANIFEST.replace("VALUE", "!!binary aGVsbG8="))
+    assert main(["review", str(path), "--policy", str(POLICY)]) == 2
+    assert f"{path} holds a value JSON cannot carry: Object of type bytes" in (
+        capsys.readouterr().err
+    )
+
+
 def test_review_with_a_bad_policy_names_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
