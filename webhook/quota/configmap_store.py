@@ -8,6 +8,7 @@ which is exactly the compare-and-swap the ledger needs.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -56,6 +57,16 @@ class RecordText:
     def forget(self, namespace: str) -> None:
         """Drop what is kept of a namespace whose record is gone."""
         self._last.pop(namespace, None)
+
+    def namespaces(self) -> list[str]:
+        """Return the namespaces whose reservations' text is kept."""
+        return list(self._last)
+
+    def keep_only(self, namespaces: Iterable[str]) -> None:
+        """Drop what is kept of every namespace but these, whose records exist: another
+        replica may have deleted the others' (and their namespaces may be gone)."""
+        keep = set(namespaces)
+        self._last = {ns: kept for ns, kept in self._last.items() if ns in keep}
 
 
 def _entry(uid: str, reservation: Reservation) -> bytes:
@@ -137,4 +148,6 @@ class ConfigMapStore:
         page = await asyncio.to_thread(
             self.kube.list_configmaps, self.namespace, label_selector=USAGE_RECORD_LABEL
         )
-        return [str(m["metadata"]["labels"][USAGE_RECORD_LABEL]) for m in page.items]
+        names = [str(m["metadata"]["labels"][USAGE_RECORD_LABEL]) for m in page.items]
+        self.text.keep_only(names)
+        return names

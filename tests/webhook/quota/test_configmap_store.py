@@ -60,6 +60,8 @@ def test_namespaces_are_kept_apart_and_forgotten() -> None:
     assert text.encode("team-b", other) == whole(other)
     text.forget("team-a")
     assert text.encode("team-a", {"u": shared}) == whole({"u": shared})
+    text.keep_only(["team-b"])
+    assert text.namespaces() == ["team-b"]
 
 
 def test_the_text_reads_back_as_the_record_written() -> None:
