@@ -36,6 +36,7 @@ from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
+from typing import TypeVar
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
@@ -73,6 +74,8 @@ RESERVATION_TTL = 90.0
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
 
+T = TypeVar("T")
+
 
 @dataclass(frozen=True, slots=True)
 class _Ask:
@@ -88,6 +91,14 @@ class _Ask:
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+class RecordBusy(KubeError):
+    """Every attempt to store a namespace's record lost its race to another replica."""
+
+    def __init__(self, namespace: str) -> None:
+        self.detail = f'the quota record of namespace "{namespace}" is busy'
+        super().__init__(409, self.detail)
 
 
 class QuotaLedger:
@@ -201,59 +212,56 @@ class QuotaLedger:
         gate removal this replica's watch has not shown yet."""
         limits = quotas.limits_for(namespace)
         async with self._locks[namespace]:
-            for _ in range(MAX_ATTEMPTS):
-                # Read afresh, not from this replica's cache: other replicas charge gated pods
-                # at admission, and a pass that releases nothing writes nothing, so it would
-                # never learn of them from a failed write.
-                record = await self.store.read(namespace)
-                now = self.clock()
-                kept = self._unexpired(record, now)
-                shown_gated = self.usage.waiting(namespace)
-                line = [w for w in shown_gated if w.uid not in skip]
-                charged = [w for w in line if w.uid in kept]
-                outcome = next_releases(
-                    namespace,
-                    [w for w in line if w.uid not in kept],
-                    self._in_use(namespace, kept),
-                    limits,
-                )
-                # A charged pod still shown gated (its gate about to go, or gone and not yet
-                # shown) keeps its reservation fresh, so that it never expires uncounted.
-                stale = [
-                    w
-                    for w in shown_gated
-                    if w.uid in kept and now - kept[w.uid].at > self.reservation_ttl / 3
-                ]
-                if not outcome.released and not stale:
-                    return charged, outcome
-                for pod in (*outcome.released, *stale):
-                    kept[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
-                try:
-                    version = await self.store.write(namespace, kept, record.version)
-                except Conflict:
-                    if self.metrics is not None:
-                        self.metrics.record_conflicts.inc()
-                    self._records.pop(namespace, None)
-                    continue
-                self._records[namespace] = Record(kept, version)
-                return charged + list(outcome.released), outcome
-        raise KubeError(409, f'the quota record of namespace "{namespace}" stays busy')
+            return await self._swap(namespace, lambda: self._release_once(namespace, limits, skip))
+
+    async def _release_once(
+        self, namespace: str, limits: Mapping[str, Fraction], skip: frozenset[str]
+    ) -> tuple[list[Waiting], LineOutcome]:
+        """One attempt of `release`; raises `Conflict` if another replica wrote first."""
+        # Read afresh, not from this replica's cache: other replicas charge gated pods at
+        # admission, and a pass that releases nothing writes nothing, so it would never
+        # learn of them from a failed write.
+        record = await self.store.read(namespace)
+        now = self.clock()
+        kept = self._unexpired(record, now)
+        shown_gated = self.usage.waiting(namespace)
+        line = [w for w in shown_gated if w.uid not in skip]
+        charged = [w for w in line if w.uid in kept]
+        outcome = next_releases(
+            namespace,
+            [w for w in line if w.uid not in kept],
+            self._in_use(namespace, kept),
+            limits,
+        )
+        # A charged pod still shown gated (its gate about to go, or gone and not yet shown)
+        # keeps its reservation fresh, so that it never expires uncounted.
+        stale = [
+            w
+            for w in shown_gated
+            if w.uid in kept and now - kept[w.uid].at > self.reservation_ttl / 3
+        ]
+        if not outcome.released and not stale:
+            return charged, outcome
+        for pod in (*outcome.released, *stale):
+            kept[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
+        await self._store(namespace, kept, record.version)
+        return charged + list(outcome.released), outcome
 
     async def unreserve(self, namespace: str, uid: str) -> None:
         """Drop the reservation of a released pod that was deleted before its gate was
         removed, so its room frees now rather than when the reservation expires."""
-        async with self._locks[namespace]:
-            for _ in range(MAX_ATTEMPTS):
-                record = await self.store.read(namespace)
-                if uid not in record.reservations:
-                    return
+
+        async def attempt() -> None:
+            record = await self.store.read(namespace)
+            if uid in record.reservations:
                 kept = {k: r for k, r in record.reservations.items() if k != uid}
-                try:
-                    version = await self.store.write(namespace, kept, record.version)
-                except Conflict:
-                    continue
-                self._records[namespace] = Record(kept, version)
-                return
+                await self._store(namespace, kept, record.version)
+
+        async with self._locks[namespace]:
+            try:
+                await self._swap(namespace, attempt)
+            except RecordBusy as busy:  # its reservation expires with the others instead
+                log.warning("cannot give back the room of pod %s: %s", uid, busy.detail)
 
     async def _commit(self, namespace: str) -> None:
         """Judge and store the namespace's waiting admissions, a batch at a time, until none."""
@@ -266,20 +274,12 @@ class QuotaLedger:
 
     async def _commit_batch(self, namespace: str, batch: list[_Ask]) -> None:
         try:
-            for _ in range(MAX_ATTEMPTS):
-                try:
-                    verdicts = await self._judge_and_store(namespace, batch)
-                except Conflict:
-                    if self.metrics is not None:
-                        self.metrics.record_conflicts.inc()
-                    self._records.pop(namespace, None)
-                    continue
-                for ask, verdict in zip(batch, verdicts, strict=True):
-                    ask.verdict.set_result(verdict)
-                return
-            busy = f'the quota record of namespace "{namespace}" is busy; retry the request'
+            verdicts = await self._swap(namespace, lambda: self._judge_and_store(namespace, batch))
+            for ask, verdict in zip(batch, verdicts, strict=True):
+                ask.verdict.set_result(verdict)
+        except RecordBusy as busy:
             for ask in batch:
-                ask.verdict.set_result(QuotaVerdict(False, busy))
+                ask.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
         except RecordFull as full:  # nothing was written; the oldest expire within 90 s
             log.warning("%s", full.detail)
             for ask in batch:
@@ -336,9 +336,28 @@ class QuotaLedger:
                         class_name: in_use.get(class_name, Fraction(0)) + ask.plan.charge,
                     }
         if reserved:
-            version = await self.store.write(namespace, kept, record.version)
-            self._records[namespace] = Record(kept, version)
+            await self._store(namespace, kept, record.version)
         return verdicts
+
+    async def _swap(self, namespace: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` (read the record, decide, store at the version read) until its
+        write is not overtaken by another replica's; raise `RecordBusy` after
+        `MAX_ATTEMPTS` lost races."""
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                return await attempt()
+            except Conflict:
+                if self.metrics is not None:
+                    self.metrics.record_conflicts.inc()
+                self._records.pop(namespace, None)
+        raise RecordBusy(namespace)
+
+    async def _store(
+        self, namespace: str, kept: dict[str, Reservation], version: str | None
+    ) -> None:
+        """Write the record at `version` (raising `Conflict` if it moved on) and keep it."""
+        new_version = await self.store.write(namespace, kept, version)
+        self._records[namespace] = Record(kept, new_version)
 
     def _judge_gated(
         self,
@@ -458,8 +477,7 @@ class QuotaLedger:
                 if not kept and record.version is not None:
                     await self.store.delete(namespace, record.version)
                 elif len(kept) != len(record.reservations):
-                    version = await self.store.write(namespace, kept, record.version)
-                    self._records[namespace] = Record(kept, version)
+                    await self._store(namespace, kept, record.version)
             except Conflict:
                 self._records.pop(namespace, None)
                 return

@@ -18,8 +18,10 @@ from policies.judge import QuotaVerdict
 from policies.queue import GATE_SUFFIX, Waiting, add_gate, remove_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
-from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore
+from webhook.kube.errors import KubeError
+from webhook.observe.metrics import Metrics
+from webhook.quota.ledger import MAX_ATTEMPTS, QuotaLedger
+from webhook.quota.reservations import Conflict, MemoryStore, Reservation
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 from webhook.reviews.request import AdmissionRequest
 
@@ -810,3 +812,53 @@ def test_a_charged_pod_deleted_while_gated_stops_counting_at_once() -> None:
     usage.forget(uid(body), now=5.0)
     assert usage.seen(uid(body))
     assert usage.waiting("team-q") == []
+
+
+class OvertakenStore(MemoryStore):
+    """A record store where, once `overtaken` is set, another replica writes first every
+    time: each write loses its race."""
+
+    overtaken = False
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        if self.overtaken:
+            self.conflicts += 1
+            raise Conflict(namespace)
+        return await super().write(namespace, reservations, version)
+
+
+async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_races(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    usage = UsageIndex()
+    store = OvertakenStore()
+    metrics = Metrics()
+    quota = QuotaLedger(usage, store, pods_visible=True, metrics=metrics)
+    gone, _ = line_of(usage, {"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "1"})
+    released, _ = await quota.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(gone)]
+    usage.forget(uid(gone))
+    store.overtaken = True
+
+    # An admission is refused, asking for a retry.
+    snapshot = config()
+    body = stored_pod({"gpuadm.io/a100": "1"}, namespace="team-e")
+    verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    assert verdict is not None
+    assert not verdict.allowed
+    assert verdict.message == ('the quota record of namespace "team-e" is busy; retry the request')
+    assert store.conflicts == MAX_ATTEMPTS
+    # A release pass fails as an apiserver error does, and the leader tries again later.
+    line_of(usage, {"gpuadm.io/h100": "1"})  # a pod it would charge and release
+    with pytest.raises(KubeError, match='the quota record of namespace "team-q" is busy'):
+        await quota.release("team-q", config().quotas)
+    assert store.conflicts == 2 * MAX_ATTEMPTS
+    # Giving back a deleted pod's room gives up with a log line: its reservation expires.
+    await quota.unreserve("team-q", uid(gone))
+    assert store.conflicts == 3 * MAX_ATTEMPTS
+    assert f"cannot give back the room of pod {uid(gone)}" in caplog.text
+    assert "Traceback" not in caplog.text
+    # Every lost race is counted.
+    assert metrics.record_conflicts._value.get() == 3 * MAX_ATTEMPTS
