@@ -73,6 +73,9 @@ RESERVATION_TTL = 90.0
 # a burst far beyond what one namespace sees; then the request is refused with "retry"
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
+# While a namespace's record is full, each batch of its admissions finds it so: log it this
+# often at most.
+FULL_LOG_SECONDS = 60.0
 
 T = TypeVar("T")
 
@@ -134,6 +137,7 @@ class QuotaLedger:
         # Admissions not yet judged, and the task that judges them, per namespace.
         self._waiting: defaultdict[str, list[_Ask]] = defaultdict(list)
         self._committers: dict[str, asyncio.Task[None]] = {}
+        self._full_logged: dict[str, float] = {}
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -280,10 +284,6 @@ class QuotaLedger:
         except RecordBusy as busy:
             for ask in batch:
                 ask.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
-        except RecordFull as full:  # nothing was written; the oldest expire within 90 s
-            log.warning("%s", full.detail)
-            for ask in batch:
-                ask.verdict.set_result(QuotaVerdict(False, full.detail))
         except KubeError as error:  # the apiserver is unreachable or refused: no fault of ours
             log.warning("cannot store the quota record of namespace %s: %s", namespace, error)
             unreachable = QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
@@ -336,8 +336,22 @@ class QuotaLedger:
                         class_name: in_use.get(class_name, Fraction(0)) + ask.plan.charge,
                     }
         if reserved:
-            await self._store(namespace, kept, record.version)
+            try:
+                await self._store(namespace, kept, record.version)
+            except RecordFull as full:  # nothing was written; the oldest expire within 90 s
+                self._log_full(namespace, full)
+                return [
+                    _unreserved(ask, verdict, full)
+                    for ask, verdict in zip(batch, verdicts, strict=True)
+                ]
         return verdicts
+
+    def _log_full(self, namespace: str, full: RecordFull) -> None:
+        """Log a full record once a minute at most: every batch meets it until it empties."""
+        now = self.clock()
+        if now - self._full_logged.get(namespace, float("-inf")) >= FULL_LOG_SECONDS:
+            self._full_logged[namespace] = now
+            log.warning("%s", full.detail)
 
     async def _swap(self, namespace: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` (read the record, decide, store at the version read) until its
@@ -484,6 +498,27 @@ class QuotaLedger:
         if not kept:
             # Its lock stays: it may have waiters, and locks exist only for real namespaces.
             self._records.pop(namespace, None)
+
+
+def _unreserved(ask: _Ask, verdict: QuotaVerdict, full: RecordFull) -> QuotaVerdict:
+    """Return the verdict of an admission whose batch could not be stored: unchanged if it
+    reserved nothing (a dry run, a refusal, a pod left waiting in line); a pod created
+    behind the gate waits in line instead, to be charged when the record has room; any
+    other is refused. Verdicts judged after the lost reservations counted them: they err
+    toward refusing."""
+    if not verdict.allowed or verdict.queued or ask.request.dry_run:
+        return verdict
+    if ask.gated:
+        gate = gate_name(ask.config.policy)
+        message = f"{full.headline}: the pod waits in line until the record has room"
+        return QuotaVerdict(
+            True,
+            message,
+            (f"{message}; the scheduling gate {gate} holds it",),
+            limit=verdict.limit,
+            queued=True,
+        )
+    return QuotaVerdict(False, full.detail, limit=verdict.limit)
 
 
 def _less(totals: Mapping[str, Fraction], reservation: Reservation) -> dict[str, Fraction]:

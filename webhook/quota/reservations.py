@@ -26,10 +26,11 @@ class RecordFull(KubeError):
     """The record would hold more than its store can keep: nothing was written."""
 
     def __init__(self, namespace: str, reservations: int, limit_bytes: int) -> None:
+        self.headline = f'the quota record of namespace "{namespace}" is full'
         self.detail = (
-            f'the quota record of namespace "{namespace}" is full: {reservations} '
-            f"reservations of recent admissions would take more than its "
-            f"{limit_bytes // 1024} KiB; retry in a minute, when the oldest have expired"
+            f"{self.headline}: {reservations} reservations of recent admissions would take "
+            f"more than its {limit_bytes // 1024} KiB; retry in a minute, when the oldest "
+            "have expired"
         )
         super().__init__(413, self.detail)
 

@@ -270,6 +270,18 @@ def test_usage_index_sums_are_exact_and_drop_terminal_pods() -> None:
     assert len(usage) == 0
 
 
+async def test_a_replica_whose_cached_record_is_stale_reads_it_again_after_one_lost_race() -> None:
+    store = MemoryStore()
+    a, b = ledger(store), ledger(store)
+    assert await admit(a, stored_pod({"gpuadm.io/h100": "4"}))
+    assert await admit(b, stored_pod({"gpuadm.io/h100": "4"}))  # a's cached record is stale
+    assert store.conflicts == 0
+    # a writes at the version it cached, loses once, reads b's write, and judges with it.
+    assert await admit(a, stored_pod({"gpuadm.io/h100": "2"}))
+    assert store.conflicts == 1
+    assert not await admit(a, stored_pod({"gpuadm.io/h100": "1"}))  # 10 of 10 in use
+
+
 class UnreachableStore(MemoryStore):
     """A record store whose apiserver refuses every write, as during an outage."""
 
@@ -314,10 +326,14 @@ async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empt
     snapshot = config()
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
-    # The quota has room for 8 more; the record has none, and says so.
-    outcomes = await asyncio.gather(
-        *(judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot) for _ in range(3))
+    # The quota has room for 8 more; the record has none, and says so. A dry run in the
+    # same batch reserves nothing, and is judged as ever.
+    dry_run = judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot, dry_run=True)
+    *outcomes, dry = await asyncio.gather(
+        *(judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot) for _ in range(3)),
+        dry_run,
     )
+    assert dry.allowed
     assert [o.allowed for o in outcomes] == [False] * 3
     for outcome in outcomes:
         assert re.fullmatch(
@@ -327,6 +343,9 @@ async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empt
             outcome.message or "",
         )
     assert len((await store.read("team-a")).reservations) == 2
+    # Every batch meets the full record; it is logged once a minute.
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
+    assert caplog.text.count('the quota record of namespace "team-a" is full') == 1
     assert "Traceback" not in caplog.text
     now[0] += 91  # the two reservations expire: the record has room again
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))

@@ -21,7 +21,7 @@ from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics
 from webhook.quota.ledger import MAX_ATTEMPTS, QuotaLedger
-from webhook.quota.reservations import Conflict, MemoryStore, Reservation
+from webhook.quota.reservations import Conflict, MemoryStore, RecordFull, Reservation
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 from webhook.reviews.request import AdmissionRequest
 
@@ -862,3 +862,34 @@ async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_r
     assert "Traceback" not in caplog.text
     # Every lost race is counted.
     assert metrics.record_conflicts._value.get() == 3 * MAX_ATTEMPTS
+
+
+class FullStore(MemoryStore):
+    """A record store with room for no reservation at all."""
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> str:
+        if reservations:
+            raise RecordFull(namespace, len(reservations), 1024 * 1024)
+        return await super().write(namespace, reservations, version)
+
+
+async def test_a_pod_created_behind_the_gate_waits_while_the_record_is_full() -> None:
+    usage = UsageIndex()
+    quota = QuotaLedger(usage, FullStore(), pods_visible=True)
+    body = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
+    # It fits, so it would be charged now; the record cannot hold its charge, so it waits
+    # in line, uncharged, instead of being refused: queue mode refuses none for want of room.
+    verdict = await admit_gated(quota, body)
+    assert verdict.allowed
+    assert verdict.queued
+    assert verdict.message == (
+        'the quota record of namespace "team-q" is full: the pod waits in line until the '
+        "record has room"
+    )
+    assert verdict.warnings == (f"{verdict.message}; the scheduling gate {GATE} holds it",)
+    # The leader's pass cannot charge it either, and fails for the leader to retry.
+    observe(usage, body)
+    with pytest.raises(KubeError, match="is full"):
+        await quota.release("team-q", config().quotas)
