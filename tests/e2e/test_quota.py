@@ -18,7 +18,12 @@ from tests.e2e.fixtures import Deployment, pod_body
 from tests.e2e.gpuadm import NAMESPACE, put_configmap, wait_until
 from webhook.kube.client import connect
 from webhook.kube.rest import AsyncApi
-from webhook.quota.configmap_store import DATA_KEY, RECORD_MAX_BYTES, ConfigMapStore
+from webhook.quota.configmap_store import (
+    DATA_KEY,
+    RECORD_MAX_BYTES,
+    ConfigMapStore,
+    record_name,
+)
 from webhook.quota.reservations import Record, Reservation
 
 
@@ -163,10 +168,11 @@ def test_a_record_of_the_largest_size_gpuadm_writes_is_stored_and_one_byte_more_
 
 
 def test_the_store_writes_a_record_of_thousands_and_reads_back_each_reservation(
-    gpuadm: Deployment, control_plane: ControlPlane
+    gpuadm: Deployment, control_plane: ControlPlane, core_v1: kubernetes.client.CoreV1Api
 ) -> None:
     kube = connect(str(control_plane.kubeconfig_of(GPUADM_USER)))
-    tenant = f"record-{uuid.uuid4().hex[:8]}"  # only the record's name: no such namespace
+    # Only the records' names: no such namespaces.
+    tenant, other = (f"record-{uuid.uuid4().hex[:8]}" for _ in range(2))
     # Made now, so that no replica's pruning finds them expired while the test runs.
     now = time.time()
     record = {
@@ -174,21 +180,32 @@ def test_the_store_writes_a_record_of_thousands_and_reads_back_each_reservation(
         for n in range(3000)
     }
 
-    async def write_twice_and_read() -> tuple[Record, Record]:
+    async def write_twice_read_and_delete() -> tuple[Record, Record, list[list[str]]]:
         api = AsyncApi(kube.endpoint())
         store = ConfigMapStore(kube, api, NAMESPACE)
+        kept = []  # the namespaces whose text the store keeps, after each step
         try:
             first = await store.write(tenant, record, None)
             # Written again with one reservation more, as at an admission: the text of the
             # 3,000 is reused, the new one is encoded.
             record["new"] = Reservation("h100", Fraction(1), now, "new")
             await store.write(tenant, record, first)
+            await store.write(other, {"x": record["new"]}, None)
             stored = await store.read(tenant)
+            kept.append(sorted(store.text.namespaces()))
             await store.delete(tenant, str(stored.version))
-            return stored, await store.read(tenant)
+            kept.append(sorted(store.text.namespaces()))
+            # Another replica deletes the other record; the next listing forgets its text.
+            await asyncio.to_thread(
+                core_v1.delete_namespaced_config_map, record_name(other), NAMESPACE
+            )
+            await store.namespaces()
+            kept.append(sorted(store.text.namespaces()))
+            return stored, await store.read(tenant), kept
         finally:
             await api.close()
 
-    stored, after_delete = asyncio.run(write_twice_and_read())
+    stored, after_delete, kept = asyncio.run(write_twice_read_and_delete())
     assert stored.reservations == record
     assert after_delete.version is None
+    assert kept == [sorted([tenant, other]), [other], []]

@@ -8,7 +8,7 @@ which is exactly the compare-and-swap the ledger needs.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
@@ -40,8 +40,9 @@ class RecordText:
     def __init__(self) -> None:
         self._last: dict[str, dict[str, tuple[Reservation, bytes]]] = {}
 
-    def encode(self, namespace: str, reservations: dict[str, Reservation]) -> bytes:
-        """Return the record's JSON: the same bytes as encoding the whole mapping at once."""
+    def encode(self, namespace: str, reservations: Mapping[str, Reservation]) -> bytes:
+        """Return the record's JSON: the same bytes as encoding the whole mapping at once,
+        in the mapping's order (readers parse it, so the order carries nothing)."""
         before = self._last.get(namespace, {})
         now = {
             uid: (

@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from webhook.kube.endpoint import Endpoint
+from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.quota.configmap_store import (
     DATA_KEY,
@@ -59,8 +60,9 @@ def test_namespaces_are_kept_apart_and_forgotten() -> None:
     other = {"v": reservation(3.0, charge="0.5")}
     assert text.encode("team-b", other) == whole(other)
     text.forget("team-a")
+    assert text.namespaces() == ["team-b"]
     assert text.encode("team-a", {"u": shared}) == whole({"u": shared})
-    text.keep_only(["team-b"])
+    text.keep_only(["team-b", "team-c"])
     assert text.namespaces() == ["team-b"]
 
 
@@ -73,21 +75,31 @@ def test_the_text_reads_back_as_the_record_written() -> None:
 
 
 async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_sent() -> None:
-    # Nothing listens on this address: a record that reached the network would fail with a
-    # connection error, not with RecordFull.
+    # Nothing listens on this address: a record that passes the size check reaches the
+    # network and fails there with a connection error; one that does not raises RecordFull.
     api = AsyncApi(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
     store = ConfigMapStore(kube=None, api=api, namespace="gpuadm-system")  # type: ignore[arg-type]
-    # Pod names may be 253 characters long: a reservation then takes about 340 bytes.
-    long_name = "p" * 253
-    record = {str(uuid.uuid4()): reservation(1e9 + n, pod=long_name) for n in range(4000)}
-    assert len(whole(record)) > RECORD_MAX_BYTES
-    with pytest.raises(RecordFull) as refused:
-        await store.write("team-a", record, "41")
-    assert refused.value.status == 413
-    assert refused.value.detail.startswith(
-        'the quota record of namespace "team-a" is full: 4000 reservations'
-    )
-    await api.close()
+    # Pod names may be 253 characters long: a reservation then takes about 350 bytes.
+    record = {str(uuid.uuid4()): reservation(1e9 + n, pod="p" * 253) for n in range(3000)}
+    # One more reservation whose pod name makes the text exactly as long as the limit.
+    last = str(uuid.uuid4())
+    short = len(whole({**record, last: reservation(2e9, pod="")}))
+    record[last] = reservation(2e9, pod="q" * (RECORD_MAX_BYTES - short))
+    assert len(whole(record)) == RECORD_MAX_BYTES
+    try:
+        with pytest.raises(KubeError) as sent:
+            await store.write("team-a", record, "41")
+        assert not isinstance(sent.value, RecordFull)
+        assert sent.value.status == 0  # no answer: it was sent
+        record[last] = reservation(2e9, pod="q" * (RECORD_MAX_BYTES - short + 1))
+        with pytest.raises(RecordFull) as refused:
+            await store.write("team-a", record, "41")
+        assert refused.value.status == 413
+        assert refused.value.detail.startswith(
+            'the quota record of namespace "team-a" is full: 3001 reservations'
+        )
+    finally:
+        await api.close()
 
 
 def configmap(text: bytes) -> dict[str, object]:
