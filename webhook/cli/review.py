@@ -7,6 +7,7 @@ import asyncio
 import json
 import sys
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,13 +29,31 @@ from webhook.reviews.request import AdmissionRequest
 
 class ManifestLoader(yaml.SafeLoader):
     """YAML read as kubectl reads a manifest before sending it as JSON: a timestamp such as
-    2026-01-01 stays the text it is written as, since JSON has no dates."""
+    2026-01-01, and a number in base 60 such as 12:30:00, stay the text they are written
+    as, since JSON has no dates and kubectl's YAML no base 60."""
 
 
 ManifestLoader.yaml_implicit_resolvers = {
     first: [(tag, pattern) for tag, pattern in resolvers if tag != "tag:yaml.org,2002:timestamp"]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
+
+
+def _number_unless_base_60(
+    construct: Callable[[yaml.SafeLoader, yaml.ScalarNode], object],
+) -> Callable[[yaml.SafeLoader, yaml.ScalarNode], object]:
+    def constructor(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> object:
+        text = loader.construct_scalar(node)
+        return text if ":" in text else construct(loader, node)
+
+    return constructor
+
+
+for _tag, _construct in (
+    ("tag:yaml.org,2002:int", yaml.SafeLoader.construct_yaml_int),
+    ("tag:yaml.org,2002:float", yaml.SafeLoader.construct_yaml_float),
+):
+    ManifestLoader.add_constructor(_tag, _number_unless_base_60(_construct))
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -58,9 +77,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
         raise CommandError(f"{args.pod} is not a Pod manifest")
     try:
-        json.dumps(pod)
+        # As kubectl sends it: keys as text (a key 1 is "1"), and no value JSON has no form
+        # for (an explicit tag such as !!binary or !!set, .nan, .inf).
+        pod = json.loads(json.dumps(pod, allow_nan=False))
     except (TypeError, ValueError) as error:
-        # An explicit tag such as !!binary or !!set: the apiserver takes JSON, which has none.
         raise CommandError(f"{args.pod} holds a value JSON cannot carry: {error}") from None
     metadata = pod.get("metadata") or {}
     if not isinstance(metadata, dict):

@@ -122,28 +122,52 @@ spec:
 """
 
 
-def test_review_reads_a_timestamp_as_the_text_kubectl_would_send(
+@pytest.mark.parametrize(
+    ("value", "sent"),
+    [
+        pytest.param("2026-01-01", "2026-01-01", id="date"),
+        pytest.param("2026-01-01T10:00:00Z", "2026-01-01T10:00:00Z", id="timestamp"),
+        pytest.param("12:30:00", "12:30:00", id="base-60-integer"),
+        pytest.param("1:30.5", "1:30.5", id="base-60-float"),
+        pytest.param("{1: a, 2.5: b}", {"1": "a", "2.5": "b"}, id="keys-that-are-not-text"),
+        pytest.param("0x10", 16, id="hexadecimal"),
+    ],
+)
+def test_review_reads_yaml_as_the_json_kubectl_would_send(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, sent: object
+) -> None:
+    path = tmp_path / "pod.yaml"
+    path.write_text(MANIFEST.replace("VALUE", value))
+    assert main(["review", str(path), "--policy", str(POLICY), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["pod"]["spec"]["containers"][0]["resources"]["other"] == sent
+
+
+def test_review_of_a_quantity_written_as_a_date_names_the_text(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path = tmp_path / "pod.yaml"
-    path.write_text(MANIFEST.replace("VALUE", "2026-01-01"))
-    assert main(["review", str(path), "--policy", str(POLICY), "-o", "json"]) == 0
-    result = json.loads(capsys.readouterr().out)
-    assert result["pod"]["spec"]["containers"][0]["resources"]["other"] == "2026-01-01"
     path.write_text(MANIFEST.replace("gpuadm.io/h100: 1", "gpuadm.io/h100: 2026-01-01"))
     assert main(["review", str(path), "--policy", str(POLICY)]) == 1
     assert "'2026-01-01' is not a quantity" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [
+        pytest.param("!!binary aGVsbG8=", "Object of type bytes", id="binary"),
+        pytest.param("!!set {a}", "Object of type set", id="set"),
+        pytest.param(".nan", "Out of range float values", id="not-a-number"),
+        pytest.param("-.inf", "Out of range float values", id="infinity"),
+    ],
+)
 def test_review_of_a_value_json_cannot_carry_is_a_usage_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], value: str, error: str
 ) -> None:
     path = tmp_path / "pod.yaml"
-    path.write_text(MANIFEST.replace("VALUE", "!!binary aGVsbG8="))
+    path.write_text(MANIFEST.replace("VALUE", value))
     assert main(["review", str(path), "--policy", str(POLICY)]) == 2
-    assert f"{path} holds a value JSON cannot carry: Object of type bytes" in (
-        capsys.readouterr().err
-    )
+    assert f"{path} holds a value JSON cannot carry: {error}" in capsys.readouterr().err
 
 
 def test_review_with_a_bad_policy_names_file_and_line(
