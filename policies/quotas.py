@@ -40,7 +40,7 @@ def limits_on(class_name: str, limits: Mapping[str, object]) -> list[str]:
 
 def _check_limit_keys(limits: Mapping[str, object]) -> None:
     for key in limits:
-        if key != ALL_CLASSES and not CLASS_NAME.match(key):
+        if key != ALL_CLASSES and not (isinstance(key, str) and CLASS_NAME.match(key)):
             raise ValueError(f"{key!r} is neither a class name nor {ALL_CLASSES!r}")
 
 

@@ -154,7 +154,45 @@ def test_quota_for_unknown_class_is_reported(policy: Policy) -> None:
     ]
 
 
-def test_empty_quota_file_means_no_quotas() -> None:
-    quotas = load_quotas("")
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        pytest.param("", "q.yaml:1: the document is empty; to have no quotas", id="empty"),
+        pytest.param("  \n\n", "q.yaml:1: the document is empty", id="blank-lines"),
+        pytest.param("# all off\n", "q.yaml:1: the document is empty", id="only-a-comment"),
+        pytest.param("~\n", "q.yaml:1: the document is empty", id="null"),
+        pytest.param("- a100\n", "q.yaml:1: expected a mapping at the top level", id="a-list"),
+        pytest.param(
+            "namespaces:\n  team-a:\n    1: 2\n",
+            "q.yaml:3: the key 1 is not text to YAML; quote it",
+            id="class-key-a-number",
+        ),
+        pytest.param(
+            "default:\n  true: 1\n", "q.yaml:2: the key true is not text", id="class-key-a-bool"
+        ),
+        pytest.param("a: " + "[" * 900, "q.yaml:1: nested deeper than 64 levels", id="nested-900"),
+        pytest.param(
+            "a: &a [1]\nb: [" + ", ".join(["*a"] * 101) + "]\n",
+            "q.yaml: more than 100 aliases",
+            id="alias-bomb",
+        ),
+        pytest.param(
+            "namespaces: {team-a: {a100: 1}}\n---\nnamespaces: {}\n",
+            "not valid YAML",
+            id="two-documents",
+        ),
+        pytest.param("x" * (1024 * 1024 + 1), "over the 1048576 a config holds", id="too-long"),
+    ],
+)
+def test_a_quota_file_that_says_nothing_valid_is_refused(text: str, problem: str) -> None:
+    # Never "no quotas": an emptied or broken file must not switch every limit off.
+    with pytest.raises(ConfigError) as raised:
+        load_quotas(text, source="q.yaml")
+    assert problem in raised.value.problems[0]
+
+
+@pytest.mark.parametrize("text", ["namespaces: {}\n", "{}\n", "mode: enforce\n"])
+def test_no_quotas_at_all_is_an_explicit_document(text: str) -> None:
+    quotas = load_quotas(text)
     assert quotas.mode == "enforce"
     assert quotas.limits_for("any") == {}
