@@ -279,7 +279,7 @@ def test_a_sweep_remakes_a_missing_template_and_removes_an_unused_one(
     # may make the template again first: either way it is back, and none deletes it early.
     now = [0.0]
     holder = ConfigHolder()
-    holder.offer(snapshot_from_text(DRA_POLICY_YAML, "", policy_source="p", quotas_source="q"))
+    holder.offer(snapshot_from_text(DRA_POLICY_YAML, None, policy_source="p", quotas_source="q"))
     api = AsyncApi(connect(str(control_plane.kubeconfig_of(GPUADM_USER))).endpoint())
     keeper = ClusterTemplates(api, holder, clock=lambda: now[0])
 

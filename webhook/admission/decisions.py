@@ -196,6 +196,13 @@ async def validate_under(
         return Decision("denied", denial.message, revisions=revisions)
     if result.class_name is None:
         return Decision("allowed", plan=result, revisions=revisions)
+    if config.quotas_missing is not None:
+        # Never "no limits": until an admin gives a valid quota config, GPU pods wait.
+        message = (
+            f"gpuadm has no valid GPU quota config ({config.quotas_missing}), so it admits "
+            "no GPU pods in this namespace until an admin fixes it; retry then"
+        )
+        return Decision("denied", message, result.warnings, result, revisions=revisions)
     verdict = await quota.admit(request, result, config)
     if verdict is None:
         return Decision("allowed", "", result.warnings, plan=result, revisions=revisions)

@@ -226,18 +226,14 @@ class ClusterTemplates:
         log.info("deleted ResourceClaimTemplate %s/%s, which no pod names", *key)
         return True
 
-    async def run(self) -> None:
-        """Sweep every `SWEEP_SECONDS` while the app serves."""
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        """Sweep every `SWEEP_SECONDS` while the app serves; a failed sweep is raised, for
+        the supervisor to log and retry. `progress` is called after each sweep."""
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
-            if not self.config.loaded:
-                continue
-            try:
+            if self.config.loaded:
                 await self.sweep()
-            except Exception:  # an apiserver error must not end the sweeps for good
-                log.exception(
-                    "sweeping ResourceClaimTemplates failed; again in %.0f s", SWEEP_SECONDS
-                )
+            progress()
 
 
 def _key(obj: dict[str, Any]) -> tuple[str, str]:

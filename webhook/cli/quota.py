@@ -126,7 +126,13 @@ def _config(kube: Kube, namespace: str) -> ConfigSnapshot:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
 
     def text(name: str, key: str) -> str:
-        return str(((maps.get(name) or {}).get("data") or {}).get(key) or "")
+        data = (maps.get(name) or {}).get("data") or {}
+        if key not in data:
+            raise CommandError(
+                f"ConfigMap {namespace}/{name} has no key {key}: gpuadm refuses GPU pods in "
+                "governed namespaces until it has one"
+            )
+        return str(data[key])
 
     try:
         return snapshot_from_text(

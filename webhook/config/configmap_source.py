@@ -2,7 +2,9 @@
 
 A valid edit is in force as soon as the watch shows it. An invalid edit is refused: the last
 good config stays, and the reason goes to the log, to `gpuadm_config_valid`, and to a
-Warning Event on the ConfigMap, where `kubectl describe configmap` shows it.
+Warning Event on the ConfigMap, where `kubectl describe configmap` shows it. A ConfigMap
+deleted, a key renamed or an empty value is an invalid edit too, never "no config": the
+Event of a deleted ConfigMap names it, and `kubectl get events` shows it.
 """
 
 from __future__ import annotations
@@ -12,10 +14,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from policies import ConfigError
-from webhook.config.snapshot import POLICY_PART, QUOTAS_PART, ConfigHolder, snapshot_from_text
+from webhook.config.snapshot import POLICY_PART, QUOTAS_PART, ConfigHolder, Missing, PartText
 from webhook.kube.client import USAGE_RECORD_LABEL, Kube, KubeError
-from webhook.kube.retry import retry_forever
 from webhook.kube.watch import Event, consume_watch
 
 log = logging.getLogger("gpuadm.config")
@@ -50,7 +50,8 @@ class ConfigMapSource:
         self.on_policy_change = on_policy_change
         self.watch_seconds = watch_seconds
         self._maps: dict[str, dict[str, Any]] = {}
-        self._reported: set[tuple[str, str]] = set()
+        # The version of each ConfigMap last reported in an Event ("deleted" when gone).
+        self._reported: dict[str, str] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
     def not_ready_reason(self) -> str | None:
@@ -59,11 +60,10 @@ class ConfigMapSource:
             return None
         return f"no valid ConfigMap {POLICY_MAP} in namespace {self.namespace}"
 
-    async def run(self) -> None:
-        """List and watch the ConfigMaps until cancelled."""
-        await retry_forever(self._list_and_watch, what="ConfigMap watch", log=log)
-
-    async def _list_and_watch(self, healthy: Callable[[], None]) -> None:
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        """List, then watch the ConfigMaps, renewing the watch, until cancelled or an
+        apiserver error (raised, for the supervisor to retry). `progress` is called after
+        the list and after each watch call that ended normally."""
         page = await asyncio.to_thread(
             self.kube.list_configmaps, self.namespace, label_selector=NOT_A_USAGE_RECORD
         )
@@ -72,9 +72,10 @@ class ConfigMapSource:
         }
         self._apply()
         version = page.resource_version
-        healthy()
+        progress()
         while True:
             version = await self._watch(version)
+            progress()
 
     async def _watch(self, version: str) -> str:
         latest = version
@@ -107,34 +108,38 @@ class ConfigMapSource:
         return latest
 
     def _apply(self) -> None:
-        policy_map = self._maps.get(POLICY_MAP)
-        if policy_map is None:
-            self.holder.reject(POLICY_MAP, f"ConfigMap {self.namespace}/{POLICY_MAP} not found")
-            return
-        quotas_map = self._maps.get(QUOTAS_MAP)
-        try:
-            snapshot = snapshot_from_text(
-                _text(policy_map, POLICY_KEY),
-                _text(quotas_map, QUOTAS_KEY) if quotas_map else "",
-                policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
-                quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
-            )
-        except ConfigError as error:
-            self._reject(error, policy_map if error.source.startswith(POLICY_MAP) else quotas_map)
-            return
-        previous = self.holder.current.policy_revision if self.holder.loaded else None
-        if self.holder.offer(snapshot) and previous != snapshot.policy_revision:
+        update = self.holder.update(
+            self._part(POLICY_MAP, POLICY_KEY), self._part(QUOTAS_MAP, QUOTAS_KEY)
+        )
+        for name, reason in update.rejected.items():
+            self._report(name, reason)
+        if update.applied and POLICY_PART not in update.rejected:
             self.on_policy_change()
 
-    def _reject(self, error: ConfigError, config_map: dict[str, Any] | None) -> None:
-        name = POLICY_MAP if error.source.startswith(POLICY_MAP) else QUOTAS_MAP
-        self.holder.reject(name, "; ".join(error.problems))
+    def _part(self, name: str, key: str) -> PartText:
+        """Read one part from its ConfigMap: its text, or why there is none."""
+        source = f"{name}[{key}]"
+        config_map = self._maps.get(name)
+        if config_map is None:
+            return PartText(Missing(f"ConfigMap {self.namespace}/{name} not found"), source)
+        data = config_map.get("data") or {}
+        if key not in data:
+            keys = ", ".join(sorted(map(str, data))) or "none"
+            return PartText(
+                Missing(f"ConfigMap {self.namespace}/{name} has no key {key} (its keys: {keys})"),
+                source,
+            )
+        return PartText(str(data[key]), source)
+
+    def _report(self, name: str, reason: str) -> None:
+        """Record a Warning Event on the ConfigMap, once per version of it."""
+        config_map = self._maps.get(name)
         metadata = (config_map or {}).get("metadata") or {}
-        key = (name, str(metadata.get("resourceVersion")))
-        if config_map is None or key in self._reported:
+        version = str(metadata.get("resourceVersion")) if config_map else "deleted"
+        if self._reported.get(name) == version:
             return
-        self._reported.add(key)
-        message = "invalid, the last good config stays in force: " + "; ".join(error.problems)
+        self._reported[name] = version
+        message = "invalid, the last good config stays in force: " + reason
         task = asyncio.get_running_loop().create_task(
             self._record_event(name, str(metadata.get("uid", "")), message)
         )
@@ -155,7 +160,3 @@ class ConfigMapSource:
             )
         except KubeError as error:
             log.warning("could not record an Event on ConfigMap %s: %s", name, error)
-
-
-def _text(config_map: dict[str, Any], key: str) -> str:
-    return str((config_map.get("data") or {}).get(key, ""))

@@ -14,7 +14,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from policies import Plan, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
+from policies import (
+    ConfigError,
+    Plan,
+    Policy,
+    QuotaConfig,
+    load_policy,
+    load_quotas,
+    policy_warnings,
+)
 from webhook.config.plan_memo import PlanMemo
 from webhook.observe.metrics import MemoReading, Metrics
 from webhook.reviews.in_turn import in_turn
@@ -41,6 +49,10 @@ class ConfigSnapshot:
     quotas: QuotaConfig
     policy_revision: str
     quotas_revision: str
+    # Why no valid quota config has ever been read (in a cluster, before an admin fixes
+    # gpuadm-quotas): `quotas` is then empty, and governed GPU pods are refused, not let
+    # through unlimited. None when `quotas` is a real config.
+    quotas_missing: str | None = None
     plans: PlanMemo = field(init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -66,13 +78,53 @@ def revision_of(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+# The revision of "no quota config given": a command run with no --quotas file.
+NO_QUOTAS_REVISION = "none"
+# The revision of quotas while none valid was ever read (the snapshot's `quotas_missing`).
+MISSING_QUOTAS_REVISION = "missing"
+
+
 def snapshot_from_text(
-    policy_text: str, quotas_text: str, *, policy_source: str, quotas_source: str
+    policy_text: str, quotas_text: str | None, *, policy_source: str, quotas_source: str
 ) -> ConfigSnapshot:
-    """Parse both configs; raise `policies.ConfigError` naming the file and line when invalid."""
+    """Parse both configs; raise `policies.ConfigError` naming the file and line when invalid.
+
+    `quotas_text` None means no quota config was given at all (a command run without
+    `--quotas`): no limits. Empty text is an invalid config, never that.
+    """
     policy = load_policy(policy_text, source=policy_source)
+    if quotas_text is None:
+        return ConfigSnapshot(policy, QuotaConfig(), revision_of(policy_text), NO_QUOTAS_REVISION)
     quotas = load_quotas(quotas_text, source=quotas_source)
     return ConfigSnapshot(policy, quotas, revision_of(policy_text), revision_of(quotas_text))
+
+
+@dataclass(frozen=True, slots=True)
+class Missing:
+    """A config part that could not be read at all: no ConfigMap, no key, no file."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class PartText:
+    """What a source read for one part: its text, or why there is none; and where from.
+
+    `read` None is for quotas only: none were given (a command run without `--quotas`).
+    """
+
+    read: str | Missing | None
+    source: str
+
+
+NO_QUOTAS = PartText(None, "(no quota config given)")
+
+
+class _Good(NamedTuple):
+    """The last valid version of a part: its model and revision."""
+
+    model: Any
+    revision: str
 
 
 class NoConfig(Exception):
@@ -80,18 +132,28 @@ class NoConfig(Exception):
 
 
 class ConfigHolder:
-    """Holds the snapshot in force; readers take `current` once per request."""
+    """Holds the snapshot in force; readers take `current` once per request.
+
+    Each part (policy, quotas) keeps its last valid version on its own: an invalid edit of
+    one never takes the other's edit back, and a part that cannot be read (its ConfigMap or
+    key gone, its file empty or half-written) is an invalid edit like any other.
+    """
 
     def __init__(
         self, snapshot: ConfigSnapshot | None = None, *, metrics: Metrics | None = None
     ) -> None:
         """Start with `snapshot` in force (or none); report reloads to `metrics`."""
-        self._snapshot = snapshot
+        self._snapshot: ConfigSnapshot | None = None
         self._metrics = metrics if metrics is not None else Metrics()
         # Evictions of the memos of snapshots no longer in force, so the counter only grows.
         self._evictions_before = 0
         self._metrics.watch_plan_memo(self._memo_reading)
         self._listeners: list[Callable[[], None]] = []
+        self._good: dict[str, _Good] = {}
+        # Why the latest version of a part is not in force, for the parts whose is not.
+        self._problems: dict[str, str] = {}
+        if snapshot is not None:
+            self.offer(snapshot)
 
     def on_change(self, listener: Callable[[], None]) -> None:
         """Call `listener()` after each new snapshot is put in force (a limit may have grown)."""
@@ -115,15 +177,85 @@ class ConfigHolder:
     def current(self) -> ConfigSnapshot:
         """Return the snapshot in force, or raise `NoConfig`."""
         if self._snapshot is None:
-            raise NoConfig("gpuadm has not loaded a valid policy yet")
+            problem = self._problems.get(POLICY_PART)
+            raise NoConfig(
+                "gpuadm has not loaded a valid policy yet" + (f": {problem}" if problem else "")
+            )
         return self._snapshot
 
+    def problems(self) -> Mapping[str, str]:
+        """Return why the latest version of each part is not in force, for those parts."""
+        return dict(self._problems)
+
+    def update(self, policy: PartText, quotas: PartText) -> Update:
+        """Take what a source read of both parts; put the valid ones in force.
+
+        A part that is invalid or missing is rejected and keeps its last valid version.
+        Before any valid quota config, the snapshot says why (`quotas_missing`), so that GPU
+        pods are refused rather than admitted without limits.
+        """
+        rejected: dict[str, str] = {}
+        for part, text, load in (
+            (POLICY_PART, policy, load_policy),
+            (QUOTAS_PART, quotas, load_quotas),
+        ):
+            problem = self._take(part, text, load)
+            if problem is not None:
+                rejected[part] = problem
+        good_policy = self._good.get(POLICY_PART)
+        if good_policy is None:
+            return Update(applied=False, rejected=rejected)
+        good_quotas = self._good.get(QUOTAS_PART)
+        snapshot = ConfigSnapshot(
+            good_policy.model,
+            good_quotas.model if good_quotas is not None else QuotaConfig(),
+            good_policy.revision,
+            good_quotas.revision if good_quotas is not None else MISSING_QUOTAS_REVISION,
+            quotas_missing=None
+            if good_quotas is not None
+            else self._problems.get(QUOTAS_PART, "no quota config read yet"),
+        )
+        return Update(applied=self._put_in_force(snapshot), rejected=rejected)
+
+    def _take(self, part: str, text: PartText, load: Callable[..., Any]) -> str | None:
+        """Load one part's new version; return why it was rejected, or None."""
+        if isinstance(text.read, Missing):
+            return self.reject(part, text.read.reason)
+        revision = NO_QUOTAS_REVISION if text.read is None else revision_of(text.read)
+        good = self._good.get(part)
+        if good is not None and good.revision == revision:
+            self._recovered(part)
+            return None
+        try:
+            model = QuotaConfig() if text.read is None else load(text.read, source=text.source)
+        except ConfigError as error:
+            return self.reject(part, "; ".join(error.problems))
+        self._good[part] = _Good(model, revision)
+        self._recovered(part)
+        return None
+
+    def _recovered(self, part: str) -> None:
+        self._metrics.config_valid.labels(part).set(1)
+        if self._problems.pop(part, None) is not None:
+            log.info("config %s is valid again", part)
+
     def offer(self, snapshot: ConfigSnapshot) -> bool:
-        """Put a valid snapshot in force unless it is the one in force; tell which it was."""
-        for part in PARTS:
-            self._metrics.config_valid.labels(part).set(1)
+        """Put a valid snapshot, read whole, in force unless it is the one in force; tell
+        which it was."""
+        if snapshot.quotas_missing is None:
+            self._good[QUOTAS_PART] = _Good(snapshot.quotas, snapshot.quotas_revision)
+            self._recovered(QUOTAS_PART)
+        self._good[POLICY_PART] = _Good(snapshot.policy, snapshot.policy_revision)
+        self._recovered(POLICY_PART)
+        return self._put_in_force(snapshot)
+
+    def _put_in_force(self, snapshot: ConfigSnapshot) -> bool:
         current = self._snapshot
-        if current is not None and current.revisions == snapshot.revisions:
+        if (
+            current is not None
+            and current.revisions == snapshot.revisions
+            and current.quotas_missing == snapshot.quotas_missing
+        ):
             return False
         for part, changed in (
             (POLICY_PART, current is None or current.policy_revision != snapshot.policy_revision),
@@ -140,6 +272,11 @@ class ConfigHolder:
                 log.warning("%s: %s", POLICY_PART, warning)
         for problem in snapshot.quotas.unknown_classes(snapshot.policy):
             log.warning("%s: %s", QUOTAS_PART, problem)
+        if snapshot.quotas_missing is not None:
+            log.error(
+                "no valid quota config yet, so GPU pods in governed namespaces are refused: %s",
+                snapshot.quotas_missing,
+            )
         log.info(
             "config in force: policy %s, quotas %s",
             snapshot.policy_revision,
@@ -149,8 +286,25 @@ class ConfigHolder:
             listener()
         return True
 
-    def reject(self, part: str, reason: str) -> None:
-        """Record that a new version of `part` is invalid; the config in force stays."""
+    def reject(self, part: str, reason: str) -> str:
+        """Record that the latest version of `part` is invalid; the config in force stays.
+
+        Logged and counted once per distinct reason, however often a source reads it again.
+        Return the reason.
+        """
         self._metrics.config_valid.labels(part).set(0)
+        if self._problems.get(part) == reason:
+            return reason
+        self._problems[part] = reason
         self._metrics.config_reloads.labels(part, "rejected").inc()
-        log.error("config not reloaded, the last good one stays in force: %s: %s", part, reason)
+        kept = "the last good one stays in force" if part in self._good else "none is in force"
+        log.error("config not reloaded (%s), %s: %s", part, kept, reason)
+        return reason
+
+
+class Update(NamedTuple):
+    """What one `ConfigHolder.update` did: whether a new snapshot went in force, and which
+    parts were rejected, with why."""
+
+    applied: bool
+    rejected: dict[str, str]

@@ -10,6 +10,7 @@ CA, client certificate and token (re-read on each call, so rotated tokens are us
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
@@ -162,8 +163,9 @@ class AsyncApi:
             if not token:
                 return items
 
-    async def hold_open(self) -> None:
+    async def hold_open(self, progress: Callable[[], None] = lambda: None) -> None:
         """Keep the session for the life of the app; close it when cancelled."""
+        progress()
         try:
             await asyncio.Event().wait()
         finally:

@@ -62,10 +62,15 @@ class LeaseElector:
         self._observed: tuple[Any, Any] | None = None
         self._observed_at = 0.0
         self._listeners: list[Callable[[], None]] = []
+        self._losers: list[Callable[[], None]] = []
 
     def on_lead(self, listener: Callable[[], None]) -> None:
         """Call `listener()` each time this replica becomes the leader."""
         self._listeners.append(listener)
+
+    def on_lose(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` each time this replica stops being the leader."""
+        self._losers.append(listener)
 
     def leading(self) -> bool:
         """Tell whether this replica holds the Lease now (renewed within the deadline)."""
@@ -73,28 +78,41 @@ class LeaseElector:
             self._renewed_at is not None and self.clock() - self._renewed_at < self.renew_deadline
         )
 
-    async def run(self) -> None:
-        """Try to take or renew the Lease until cancelled; give it up when cancelled."""
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        """Try to take or renew the Lease until cancelled; give it up when cancelled.
+
+        `progress` is called after each attempt that reached the apiserver.
+        """
+        was_leading = False
         try:
             while True:
-                was_leading = self.leading()
                 try:
                     await self.try_once()
+                    progress()
                 except KubeError as error:
                     log.warning("cannot read or write the Lease %s: %s", self.name, error)
                 except Exception:  # e.g. a Lease edited by hand into nonsense: keep trying
                     log.exception("cannot take or renew the Lease %s", self.name)
-                self._export()
-                if self.leading() and not was_leading:
-                    log.info("leading: this replica releases waiting pods now")
-                    for listener in self._listeners:
-                        listener()
-                elif was_leading and not self.leading():
-                    log.warning("no longer leading")
+                was_leading = self._tell(was_leading)
                 await asyncio.sleep(self.retry_seconds)
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(self._give_up())
+            self._tell(was_leading)
+
+    def _tell(self, was_leading: bool) -> bool:
+        """Export whether this replica leads, and tell the listeners of a change."""
+        leading = self.leading()
+        self._export()
+        if leading and not was_leading:
+            log.info("leading: this replica releases waiting pods now")
+            for listener in self._listeners:
+                listener()
+        elif was_leading and not leading:
+            log.warning("no longer leading")
+            for listener in self._losers:
+                listener()
+        return leading
 
     async def try_once(self) -> None:
         """Take the Lease if it is free or expired, renew it if it is ours."""

@@ -69,7 +69,6 @@ class QuotaPublisher:
         config: ConfigHolder,
         api: AsyncApi,
         *,
-        leading: Callable[[], bool],
         ready: Callable[[], bool],
         period: float = PERIOD_SECONDS,
         full_every: float = FULL_EVERY_SECONDS,
@@ -79,7 +78,6 @@ class QuotaPublisher:
         self.usage = usage
         self.config = config
         self.api = api
-        self.leading = leading
         self.ready = ready
         self.period = period
         self.full_every = full_every
@@ -101,24 +99,26 @@ class QuotaPublisher:
         becoming the leader, or when the config changes). Safe to call during a pass."""
         self._restart = True
 
-    async def run(self) -> None:
-        """Publish until cancelled."""
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        """Publish until cancelled (leader-only work: it runs only while this replica leads).
+
+        `progress` is called after each pass, or wait for the pod view or the config.
+        """
+        self._restart = True  # whatever changed while another replica led
         while True:
             await asyncio.sleep(self.period)
-            if not (self.leading() and self.ready() and self.config.loaded):
+            if not (self.ready() and self.config.loaded):
                 self._restart = True
+                progress()
                 continue
             try:
                 await self.pass_once()
             except KubeError as error:
-                if error.status == 404:
-                    self._log_missing_api()
-                else:
-                    log.warning("cannot publish quota status: %s", error)
+                if error.status != 404:
+                    raise
+                self._log_missing_api()
                 self._restart = True
-            except Exception:  # one bad pass must not end publishing for good
-                log.exception("publishing quota status failed; retrying")
-                self._restart = True
+            progress()
 
     async def pass_once(self) -> None:
         """Publish the namespaces that are due, or all of them when a full pass is due."""

@@ -87,6 +87,40 @@ class _QueueCollector(Collector):
         yield oldest
 
 
+class TaskReading(NamedTuple):
+    """A background task as the metrics show it: running or not, and since its progress."""
+
+    task: str
+    running: bool
+    seconds_since_progress: float
+
+
+class _TaskCollector(Collector):
+    """Reads the supervised background tasks at scrape time."""
+
+    def __init__(self, read: Callable[[], Iterable[TaskReading]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        running = GaugeMetricFamily(
+            "gpuadm_task_running",
+            "1 while a background task runs, 0 while it waits to restart or, for leader-only "
+            "work, while this replica does not lead.",
+            labels=["task"],
+        )
+        age = GaugeMetricFamily(
+            "gpuadm_task_last_success_age_seconds",
+            "Seconds since a background task last made progress (a list, a watch call, a "
+            "poll, a pass), or since it started if it has made none.",
+            labels=["task"],
+        )
+        for reading in self._read():
+            running.add_metric([reading.task], 1 if reading.running else 0)
+            age.add_metric([reading.task], reading.seconds_since_progress)
+        yield running
+        yield age
+
+
 class _PlanMemoCollector(Collector):
     """Reads the plan memo of the config in force at scrape time (it changes on reload)."""
 
@@ -195,6 +229,12 @@ class Metrics:
             "1 while this replica holds the Lease that lets it release waiting pods, else 0.",
             registry=r,
         )
+        self.task_restarts = Counter(
+            "gpuadm_task_restarts",
+            "Background tasks restarted after they failed (an error, or an unexpected return).",
+            ["task"],
+            registry=r,
+        )
         self.certificate_expiry = Gauge(
             "gpuadm_certificate_expiry_timestamp_seconds",
             "When the served certificate expires (Unix time).",
@@ -220,6 +260,10 @@ class Metrics:
     def watch_queue(self, read: Callable[[], Iterable[QueueReading]]) -> None:
         """Export the lines of waiting pods, read from `read` at each scrape."""
         self.registry.register(_QueueCollector(read))
+
+    def watch_tasks(self, read: Callable[[], Iterable[TaskReading]]) -> None:
+        """Export the background tasks' state, read from `read` at each scrape."""
+        self.registry.register(_TaskCollector(read))
 
     def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""

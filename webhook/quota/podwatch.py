@@ -17,7 +17,6 @@ from typing import Any
 from policies.queue import Waiting
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.client import Kube, KubeError
-from webhook.kube.retry import retry_forever
 from webhook.kube.watch import Event, consume_watch
 from webhook.observe.metrics import Metrics
 from webhook.quota.usage import Holding, UsageIndex, pod_state
@@ -72,18 +71,21 @@ class PodWatcher:
         """Re-list after the current watch, e.g. because the policy changed charges."""
         self._relist.set()
 
-    async def run(self) -> None:
-        """List and watch until cancelled, backing off while the apiserver fails."""
-        await retry_forever(self._list_and_watch, what="pod list/watch", log=log)
+    async def run(self, progress: Callable[[], None] = lambda: None) -> None:
+        """List and watch until cancelled or an apiserver error (raised, for the supervisor
+        to retry). `progress` is called after each list and each watch call that ended."""
+        while True:
+            await self._list_and_watch(progress)
 
-    async def _list_and_watch(self, healthy: Callable[[], None]) -> None:
+    async def _list_and_watch(self, progress: Callable[[], None]) -> None:
         """List every pod, then watch GPU pods until the next full re-list is due."""
         try:
             version = await self._list_all()
-            healthy()
+            progress()
             resync_at = self.clock() + self.resync_seconds
             while self.clock() < resync_at and not self._relist.is_set():
                 version = await self._watch(version)
+                progress()
         except _Expired:
             log.info("pod watch expired; listing again")
 

@@ -17,9 +17,9 @@ from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.server import handlers
 from webhook.server.appkeys import METRICS, READINESS, ReadinessCheck
-from webhook.server.lifecycle import Background, run_for_app_lifetime
+from webhook.server.lifecycle import Background, Supervisor
 from webhook.server.settings import Settings
-from webhook.tls.reloading import keep_certificate_fresh
+from webhook.tls.reloading import TLS_STALE_SECONDS, certificate_problem, keep_certificate_fresh
 
 
 def create_app(
@@ -33,6 +33,7 @@ def create_app(
     audit: AuditLog | None = None,
     tls: CertificateReloader | None = None,
     background: Sequence[Background] = (),
+    supervisor: Supervisor | None = None,
     readiness: Sequence[ReadinessCheck] = (),
 ) -> web.Application:
     """Build the whole webhook application; nothing is added to it after this returns.
@@ -41,16 +42,22 @@ def create_app(
     `templates` makes the ResourceClaimTemplates of dra pods and `claims` reads the claims
     pods name (default: none, as when serving from files); `audit` receives a record per
     decision; `tls` is the certificate reloader of the served
-    context, polled for new files; `background` runs while the app serves; `readiness`
-    checks are added to the config check behind /readyz.
+    context, polled for new files; `background` runs while the app serves, under
+    `supervisor` (default: a new one), whose stale tasks fail /readyz; `readiness` checks are
+    added to the config check behind /readyz.
     """
     metrics = metrics if metrics is not None else Metrics()
+    tasks = supervisor if supervisor is not None else Supervisor(metrics)
     gate = quota if quota is not None else Unlimited()
     # One byte over the review limit lets the edge tell "too large" apart from a body that
     # happens to be exactly the limit.
     app = web.Application(client_max_size=settings.max_review_bytes + 1)
     app[METRICS] = metrics
-    app[READINESS] = (lambda: None if config.loaded else "no valid config loaded", *readiness)
+    checks: list[ReadinessCheck] = [
+        lambda: None if config.loaded else "no valid config loaded",
+        *readiness,
+        tasks.not_ready_reason,
+    ]
     endpoint = partial(
         handlers.ReviewEndpoint,
         metrics=metrics,
@@ -78,9 +85,11 @@ def create_app(
     work = list(background)
     if tls is not None:
         fresh = partial(keep_certificate_fresh, tls, metrics, every_seconds=settings.reload_seconds)
-        work.append(Background("tls-reload", fresh))
+        work.append(Background("tls-reload", fresh, stale_after=TLS_STALE_SECONDS))
+        checks.append(partial(certificate_problem, tls))
+    app[READINESS] = tuple(checks)
     for item in work:
-        app.cleanup_ctx.append(run_for_app_lifetime(item))
+        app.cleanup_ctx.append(tasks.for_app_lifetime(item))
     return app
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable, Coroutine
 from datetime import datetime
 from functools import partial
+from typing import Any
 
 from aiohttp import web
 
@@ -31,13 +33,19 @@ from webhook.quota.podwatch import PodWatcher
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
 from webhook.server.app import create_app
-from webhook.server.lifecycle import Background
+from webhook.server.lifecycle import Background, LeaderOnly, Progress, Supervisor
 from webhook.server.settings import Settings
 
 log = logging.getLogger("gpuadm.replica")
 # Expired reservations are dropped from the records this often: records stay small, and
 # a pruning pass costs one read (and rarely a write) per namespace.
 PRUNE_SECONDS = 30.0
+# /readyz fails when the config has not been read for this long: standalone, the files are
+# polled every `reload_seconds`; in a cluster, each ConfigMap watch call ends within
+# `CONFIG_WATCH_SECONDS`, so three missed renewals mean the replica has lost the apiserver.
+CONFIG_FILES_STALE_SECONDS = 30.0
+CONFIG_WATCH_SECONDS = 30
+CONFIG_WATCH_STALE_SECONDS = 3.0 * CONFIG_WATCH_SECONDS
 
 
 def standalone_app(
@@ -76,7 +84,13 @@ def standalone_app(
         metrics=metrics,
         audit=audit,
         tls=tls,
-        background=[Background("config-files", files.run)],
+        background=[
+            Background(
+                "config-files",
+                files.run,
+                stale_after=max(CONFIG_FILES_STALE_SECONDS, 10 * settings.reload_seconds),
+            )
+        ],
     )
 
 
@@ -96,7 +110,13 @@ def cluster_app(
     holder = ConfigHolder(metrics=metrics)
     usage = UsageIndex()
     pods = PodWatcher(kube, usage, holder, metrics)
-    config = ConfigMapSource(kube, settings.namespace, holder, on_policy_change=pods.request_relist)
+    config = ConfigMapSource(
+        kube,
+        settings.namespace,
+        holder,
+        on_policy_change=pods.request_relist,
+        watch_seconds=CONFIG_WATCH_SECONDS,
+    )
     api = AsyncApi(kube.endpoint())
     ledger = QuotaLedger(
         usage,
@@ -125,9 +145,7 @@ def cluster_app(
         ready=pods.ready,
         metrics=metrics,
     )
-    publisher = QuotaPublisher(
-        ledger, usage, holder, api, leading=elector.leading, ready=pods.ready
-    )
+    publisher = QuotaPublisher(ledger, usage, holder, api, ready=pods.ready)
     usage.on_change(releaser.wake)
     usage.on_change(publisher.wake)
     holder.on_change(releaser.wake_all)
@@ -135,6 +153,12 @@ def cluster_app(
     elector.on_lead(releaser.wake_all)
     elector.on_lead(publisher.restart)
     log.info("in a cluster: config from ConfigMaps in namespace %s", settings.namespace)
+    supervisor = Supervisor(metrics)
+    leader_work = LeaderOnly(
+        supervisor,
+        elector,
+        [Background("release", _with_progress(releaser.run)), Background("publish", publisher.run)],
+    )
     return create_app(
         settings,
         holder,
@@ -144,14 +168,14 @@ def cluster_app(
         metrics=metrics,
         audit=audit,
         tls=tls,
+        supervisor=supervisor,
         background=[
-            Background("configmaps", config.run),
+            Background("configmaps", config.run, stale_after=CONFIG_WATCH_STALE_SECONDS),
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger)),
             Background("claim-templates", templates.run),
             Background("lease", elector.run),
-            Background("release", releaser.run),
-            Background("publish", publisher.run),
+            Background("leader-work", leader_work.run),
             Background("apiserver-session", api.hold_open),
             *extra,
         ],
@@ -187,10 +211,22 @@ def _since(created: str, now: float) -> float:
         return 0.0
 
 
-async def _prune_forever(ledger: QuotaLedger) -> None:
+async def _prune_forever(ledger: QuotaLedger, progress: Progress) -> None:
+    """Drop expired reservations every `PRUNE_SECONDS`; a failed pass is raised, for the
+    supervisor to log and retry."""
     while True:
         await asyncio.sleep(PRUNE_SECONDS)
-        try:
-            await ledger.prune_all()
-        except Exception:  # an apiserver error or a bad record must not end pruning for good
-            log.exception("pruning the quota records failed; retrying in %.0f s", PRUNE_SECONDS)
+        await ledger.prune_all()
+        progress()
+
+
+def _with_progress(
+    run: Callable[[], Coroutine[Any, Any, None]],
+) -> Callable[[Progress], Coroutine[Any, Any, None]]:
+    """Adapt a loop that reports no progress of its own: it made some by starting."""
+
+    async def adapted(progress: Progress) -> None:
+        progress()
+        await run()
+
+    return adapted

@@ -71,14 +71,19 @@ class TLSKeeper:
         self.clock = clock
         self.state: TLSState | None = None
 
-    async def run(self, every: float = CHECK_SECONDS) -> None:
-        """Check for renewals (ours or another replica's) until cancelled."""
+    async def run(
+        self, progress: Callable[[], None] = lambda: None, *, every: float = CHECK_SECONDS
+    ) -> None:
+        """Check for renewals (ours or another replica's) until cancelled; `progress` is
+        called after each check that succeeded."""
         while True:
             await asyncio.sleep(every)
             try:
                 await asyncio.to_thread(self.sync)
             except KubeError as error:
                 log.warning("TLS check failed, retrying later: %s", error)
+                continue
+            progress()
 
     def sync(self, *, rotate: bool = False) -> TLSPaths:
         """One pass: read, renew or rotate if due (or asked), trust, store, write files."""

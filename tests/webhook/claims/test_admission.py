@@ -129,7 +129,7 @@ async def test_served_from_files_a_dra_pod_is_denied_not_left_waiting(
     aiohttp_client: MakeClient,
 ) -> None:
     snapshot = snapshot_from_text(
-        DRA_POLICY_YAML, "", policy_source="policy.yaml", quotas_source="quotas.yaml"
+        DRA_POLICY_YAML, None, policy_source="policy.yaml", quotas_source="quotas.yaml"
     )
     client = await aiohttp_client(create_app(Settings(), ConfigHolder(snapshot)))
     response = await post(client, "/mutate", review(pod({"gpuadm.io/h100-dra": "1"})))

@@ -1,14 +1,141 @@
-"""The config holder: what a new snapshot in force is told about, and what a bad one leaves."""
+"""The config holder: what a new snapshot in force is told about, and what a bad one leaves.
+
+No config is never an empty config: a part that cannot be read (its ConfigMap or key gone,
+its text empty or broken) is rejected like any invalid edit, and keeps its last good version.
+"""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
-from webhook.config.snapshot import ConfigHolder, snapshot_from_text
+from tests.builders import POLICY_YAML, QUOTAS_YAML
+from webhook.config.snapshot import (
+    NO_QUOTAS,
+    QUOTAS_PART,
+    ConfigHolder,
+    Missing,
+    PartText,
+    snapshot_from_text,
+)
+from webhook.observe.metrics import Metrics
+
+POLICY = PartText(POLICY_YAML, "policy.yaml")
+QUOTAS = PartText(QUOTAS_YAML, "quotas.yaml")
+LIMITS_OF_TEAM_A = {"a100": 4, "*": 5}
+
+
+def valid(metrics: Metrics, part: str) -> float | None:
+    return metrics.registry.get_sample_value("gpuadm_config_valid", {"config": part})
 
 
 def test_a_new_policy_in_force_logs_its_warnings(caplog: pytest.LogCaptureFixture) -> None:
     holder = ConfigHolder()
     text = "classes:\n  any:\n    backend: volcano\n    memory: 24Gi\n"
-    holder.offer(snapshot_from_text(text, "", policy_source="p", quotas_source="q"))
+    holder.offer(snapshot_from_text(text, None, policy_source="p", quotas_source="q"))
     assert "class any (volcano) lists neither `models` nor `gpuTypes`" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("quotas", "reason"),
+    [
+        pytest.param(
+            PartText(Missing("ConfigMap gpuadm-system/gpuadm-quotas not found"), "q"),
+            "ConfigMap gpuadm-system/gpuadm-quotas not found",
+            id="configmap-deleted",
+        ),
+        pytest.param(
+            PartText(Missing("has no key quotas.yaml (its keys: quotas.yml)"), "q"),
+            "has no key quotas.yaml (its keys: quotas.yml)",
+            id="key-renamed",
+        ),
+        pytest.param(PartText("", "q"), "q:1: the document is empty", id="value-emptied"),
+        pytest.param(PartText("namespaces:\n  team-a:\n", "q"), "", id="cut-short"),
+        pytest.param(PartText("namespaces: [", "q"), "not valid YAML", id="broken-yaml"),
+        pytest.param(PartText("default:\n  1: 2\n", "q"), "the key 1 is not text", id="key-1"),
+        pytest.param(PartText("a: " + "[" * 900, "q"), "nested deeper", id="nested-900"),
+    ],
+)
+def test_quotas_that_cannot_be_read_keep_the_last_good_limits(
+    quotas: PartText, reason: str
+) -> None:
+    metrics = Metrics()
+    holder = ConfigHolder(metrics=metrics)
+    assert holder.update(POLICY, QUOTAS).applied
+    update = holder.update(POLICY, quotas)
+    assert not update.applied
+    assert reason in update.rejected[QUOTAS_PART]
+    assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
+    assert holder.current.quotas_missing is None
+    assert valid(metrics, QUOTAS_PART) == 0
+    assert reason in holder.problems()[QUOTAS_PART]
+
+
+def test_quotas_cut_short_to_no_namespaces_are_not_taken_for_an_empty_config() -> None:
+    # "namespaces:" alone reads as null, which is not a mapping of namespaces: refused,
+    # where reading it as "no namespaces" would switch every namespace's limits off.
+    holder = ConfigHolder()
+    holder.update(POLICY, QUOTAS)
+    assert QUOTAS_PART in holder.update(POLICY, PartText("namespaces:\n", "q")).rejected
+    assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
+
+
+def test_before_any_valid_quotas_the_snapshot_says_why_instead_of_no_limits() -> None:
+    holder = ConfigHolder()
+    missing = PartText(Missing("ConfigMap gpuadm-system/gpuadm-quotas not found"), "q")
+    assert holder.update(POLICY, missing).applied
+    assert holder.current.quotas_missing == "ConfigMap gpuadm-system/gpuadm-quotas not found"
+    # The reason follows the latest read, so the denial says what is wrong now.
+    holder.update(POLICY, PartText("", "q"))
+    assert "the document is empty" in (holder.current.quotas_missing or "")
+    assert holder.update(POLICY, QUOTAS).applied
+    assert holder.current.quotas_missing is None
+    assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
+
+
+def test_no_quotas_at_all_takes_an_explicit_document() -> None:
+    holder = ConfigHolder()
+    holder.update(POLICY, PartText("namespaces: {}\n", "q"))
+    assert holder.current.quotas_missing is None
+    assert holder.current.quotas.limits_for("team-a") == {}
+    holder.update(POLICY, NO_QUOTAS)  # a command run without --quotas
+    assert holder.current.quotas_missing is None
+
+
+def test_a_policy_edit_applies_while_the_quotas_are_broken() -> None:
+    holder = ConfigHolder()
+    holder.update(POLICY, QUOTAS)
+    edited = PartText(POLICY_YAML + "  b200:\n    backend: nvidia\n", "p")
+    update = holder.update(edited, PartText("", "q"))
+    assert update.applied
+    assert "b200" in holder.current.policy.classes
+    assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
+
+
+def test_a_rejection_is_logged_once_and_the_recovery_too(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, "gpuadm.config")
+    metrics = Metrics()
+    holder = ConfigHolder(metrics=metrics)
+    holder.update(POLICY, QUOTAS)
+    for _ in range(5):  # a file source reads the same bad file every second
+        holder.update(POLICY, PartText("", "q"))
+    assert caplog.text.count("config not reloaded (gpuadm-quotas)") == 1
+    rejected = metrics.registry.get_sample_value(
+        "gpuadm_config_reloads_total", {"config": QUOTAS_PART, "result": "rejected"}
+    )
+    assert rejected == 1
+    holder.update(POLICY, QUOTAS)
+    assert "config gpuadm-quotas is valid again" in caplog.text
+    assert valid(metrics, QUOTAS_PART) == 1
+
+
+def test_no_policy_ever_read_is_no_config_and_says_why() -> None:
+    holder = ConfigHolder()
+    missing = PartText(Missing("ConfigMap gpuadm-system/gpuadm-policy not found"), "p")
+    assert not holder.update(missing, QUOTAS).applied
+    assert not holder.loaded
+    with pytest.raises(Exception, match="gpuadm-policy not found"):
+        _ = holder.current

@@ -93,7 +93,6 @@ def publisher(api: GPUQuotas) -> QuotaPublisher:
         usage,
         ConfigHolder(snapshot),
         typed,
-        leading=lambda: True,
         ready=lambda: True,
     )
 
