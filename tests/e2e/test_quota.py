@@ -100,6 +100,87 @@ def test_a_bad_edit_is_refused_and_reported_on_the_configmap(
     assert "in use 0 of 0" in gpuadm.refusal(namespace, {"gpuadm.io/h100": "1"})
 
 
+def _delete_quotas(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    core.delete_namespaced_config_map("gpuadm-quotas", NAMESPACE)
+
+
+def _rename_key(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    put_configmap(core, "gpuadm-quotas", "quotas.yml", quota(namespace, h100=5))
+
+
+def _empty_value(core: kubernetes.client.CoreV1Api, namespace: str) -> None:
+    put_configmap(core, "gpuadm-quotas", "quotas.yaml", "")
+
+
+@pytest.mark.parametrize(
+    ("slip", "reason"),
+    [
+        pytest.param(
+            _delete_quotas, f"ConfigMap {NAMESPACE}/gpuadm-quotas not found", id="deleted"
+        ),
+        pytest.param(
+            _rename_key,
+            f"ConfigMap {NAMESPACE}/gpuadm-quotas has no key quotas.yaml (its keys: quotas.yml)",
+            id="key-renamed",
+        ),
+        pytest.param(_empty_value, "the document is empty", id="value-emptied"),
+    ],
+)
+def test_an_admins_slip_never_turns_the_quotas_off(
+    gpuadm: Deployment, namespace: str, slip: object, reason: str
+) -> None:
+    gpuadm.set_quotas(quota(namespace, h100=1))
+    slip(gpuadm.core, namespace)  # type: ignore[operator]
+
+    def reported() -> bool:
+        events = gpuadm.core.list_namespaced_event(
+            NAMESPACE, field_selector="involvedObject.name=gpuadm-quotas"
+        ).items
+        return any(reason in (e.message or "") and e.type == "Warning" for e in events)
+
+    wait_until(reported, f"a Warning Event saying {reason!r}")
+    for process in gpuadm.processes:
+        wait_until(
+            lambda p=process: p.metric("gpuadm_config_valid", config="gpuadm-quotas") == 0,
+            "gpuadm_config_valid to drop to 0",
+        )
+    # The limit of 1 still holds: a 2-GPU pod is refused, on every replica.
+    for _ in gpuadm.processes:
+        message = gpuadm.refusal(namespace, {"gpuadm.io/h100": "2"})
+        assert f'namespace "{namespace}": h100 quota exceeded: requested 2' in message
+        assert "of 1" in message
+    gpuadm.set_quotas(quota(namespace, h100=1))  # repaired: valid again everywhere
+    for process in gpuadm.processes:
+        wait_until(
+            lambda p=process: p.metric("gpuadm_config_valid", config="gpuadm-quotas") == 1,
+            "gpuadm_config_valid back to 1",
+        )
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        pytest.param("namespaces:\n  team-x:\n    1: 2\n", id="class-key-1"),
+        pytest.param("namespaces: " + "[" * 900, id="nested-900"),
+        pytest.param("a: &a [1]\nb: [" + ", ".join(["*a"] * 500) + "]\n", id="alias-bomb"),
+    ],
+)
+def test_the_config_watch_lives_through_any_edit_and_applies_the_next_valid_one(
+    gpuadm: Deployment, namespace: str, text: str
+) -> None:
+    gpuadm.set_quotas(quota(namespace, h100=0))
+    put_configmap(gpuadm.core, "gpuadm-quotas", "quotas.yaml", text)
+    for process in gpuadm.processes:
+        wait_until(
+            lambda p=process: p.metric("gpuadm_config_valid", config="gpuadm-quotas") == 0,
+            "gpuadm_config_valid to drop to 0",
+        )
+    gpuadm.set_quotas(quota(namespace, h100=1))  # waits until every replica has it in force
+    gpuadm.create_pod(namespace, {"gpuadm.io/h100": "1"})
+    for process in gpuadm.processes:
+        assert process.metric("gpuadm_task_restarts_total", task="configmaps") == 0
+
+
 async def create_concurrently(plane: ControlPlane, namespace: str, count: int) -> list[int]:
     """Create `count` one-GPU pods at once, straight through the apiserver's REST API."""
     context = ssl.create_default_context(cafile=plane.ca_file)

@@ -111,8 +111,11 @@ class ConfigMapSource:
         update = self.holder.update(
             self._part(POLICY_MAP, POLICY_KEY), self._part(QUOTAS_MAP, QUOTAS_KEY)
         )
-        for name, reason in update.rejected.items():
-            self._report(name, reason)
+        for name in WATCHED:
+            if name in update.rejected:
+                self._report(name, update.rejected[name])
+            else:
+                self._reported.pop(name, None)  # valid again: its next slip is news
         if update.applied and POLICY_PART not in update.rejected:
             self.on_policy_change()
 
