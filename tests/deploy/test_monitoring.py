@@ -161,6 +161,7 @@ def exported_metrics() -> dict[str, set[str]]:
     metrics.watch_quota(lambda: [])
     metrics.watch_queue(lambda: [])
     metrics.watch_plan_memo(lambda: MemoReading(0, 0, 0))
+    metrics.watch_tasks(lambda: [])
     families = {}
     for family in metrics.registry.collect():
         assert family.type in SAMPLE_SUFFIXES, f"{family.name}: a {family.type} is new here"
@@ -246,6 +247,7 @@ def test_exported_metrics_are_read_from_the_registry() -> None:
     # The collectors' families are there though they read nothing, and no process_ metric is.
     assert "gpuadm_quota_limit_gpus" in families
     assert "gpuadm_queue_oldest_wait_seconds" in families
+    assert "gpuadm_task_last_success_age_seconds" in families
     assert all(name.startswith("gpuadm_") for name in families)
 
 
