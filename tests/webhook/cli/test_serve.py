@@ -70,6 +70,32 @@ def test_refuses_to_start_on_an_invalid_policy(tmp_path: Path) -> None:
     assert f"{policy}:3: classes.a: backend hami needs `memory`" in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("quotas", "problem"),
+    [
+        pytest.param(b"", "the document is empty; to have no quotas at all", id="empty"),
+        pytest.param(b"namespaces: {\xff}\n", "not UTF-8", id="not-utf8"),
+    ],
+)
+def test_refuses_to_start_on_quotas_that_say_nothing_valid(
+    tmp_path: Path, quotas: bytes, problem: str
+) -> None:
+    policy, quotas_file = tmp_path / "policy.yaml", tmp_path / "quotas.yaml"
+    policy.write_text((ROOT / "examples" / "policy.yaml").read_text())
+    quotas_file.write_bytes(quotas)
+    command = ["serve", "--policy", str(policy), "--quotas", str(quotas_file)]
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *command],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert problem in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def _eventually(check: Any, seconds: float = 10) -> bool:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:

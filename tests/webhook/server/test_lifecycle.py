@@ -8,9 +8,14 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.builders import POLICY_YAML
+from tests.webhook.calls import MakeClient
+from webhook.config.snapshot import ConfigHolder, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics
+from webhook.server.app import create_app
 from webhook.server.lifecycle import Background, LeaderOnly, Progress, Supervisor
+from webhook.server.settings import Settings
 
 FAILURES = [
     pytest.param(TypeError("unhashable type: 'dict'"), id="type-error"),
@@ -250,3 +255,38 @@ async def test_leader_only_work_stops_when_the_lease_lapses_without_a_notice() -
     await asyncio.wait_for(stopped.wait(), 5)
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_readyz_fails_naming_a_stale_task_and_recovers(aiohttp_client: MakeClient) -> None:
+    clock = Clock()
+    supervisor = Supervisor(Metrics(), clock=clock)
+    beat: list[Progress] = []
+
+    async def watch(progress: Progress) -> None:
+        beat.append(progress)
+        progress()
+        await asyncio.Event().wait()
+
+    holder = ConfigHolder(
+        snapshot_from_text(POLICY_YAML, None, policy_source="p", quotas_source="q")
+    )
+    app = create_app(
+        Settings(),
+        holder,
+        supervisor=supervisor,
+        background=[Background("configmaps", watch, stale_after=90)],
+    )
+    client = await aiohttp_client(app)
+    for _ in range(100):
+        if beat:
+            break
+        await asyncio.sleep(0.01)
+    assert (await client.get("/readyz")).status == 200
+    clock.now += 91
+    response = await client.get("/readyz")
+    assert response.status == 503
+    assert await response.text() == (
+        "not ready: configmaps has made no progress for 91 s (allowed 90 s)"
+    )
+    beat[0]()
+    assert (await client.get("/readyz")).status == 200
