@@ -32,7 +32,7 @@ from tests.deploy.test_manifests import (
     Rendered,
     schema_errors,
 )
-from webhook.observe.metrics import MemoReading, Metrics, QueueReading, QuotaReading
+from webhook.observe.metrics import AuditReading, MemoReading, Metrics, QueueReading, QuotaReading
 
 # The session fixtures of test_manifests.py: the tools, the renders and the API client.
 tools = manifests.tools
@@ -162,6 +162,7 @@ def exported_metrics() -> dict[str, set[str]]:
     metrics.watch_queue(lambda: [])
     metrics.watch_plan_memo(lambda: MemoReading(0, 0, 0))
     metrics.watch_tasks(lambda: [])
+    metrics.watch_audit(lambda: AuditReading(0, 0, 0))
     families = {}
     for family in metrics.registry.collect():
         assert family.type in SAMPLE_SUFFIXES, f"{family.name}: a {family.type} is new here"

@@ -11,6 +11,14 @@ from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamil
 from prometheus_client.registry import Collector
 
 
+class AuditReading(NamedTuple):
+    """The audit writer as the metrics show it."""
+
+    pending: int
+    dropped: int
+    write_errors: int
+
+
 class MemoReading(NamedTuple):
     """The plan memo as the metrics show it."""
 
@@ -119,6 +127,31 @@ class _TaskCollector(Collector):
             age.add_metric([reading.task], reading.seconds_since_progress)
         yield running
         yield age
+
+
+class _AuditCollector(Collector):
+    """Reads the audit writer at scrape time."""
+
+    def __init__(self, read: Callable[[], AuditReading]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        reading = self._read()
+        yield GaugeMetricFamily(
+            "gpuadm_audit_records_pending",
+            "Audit records accepted and not yet written (they wait while the sink fails).",
+            reading.pending,
+        )
+        yield CounterMetricFamily(
+            "gpuadm_audit_records_dropped",
+            "Audit records dropped because too many were waiting for a failing sink.",
+            reading.dropped,
+        )
+        yield CounterMetricFamily(
+            "gpuadm_audit_write_errors",
+            "Failed writes of the audit log (each is retried, the records kept).",
+            reading.write_errors,
+        )
 
 
 class _PlanMemoCollector(Collector):
@@ -264,6 +297,10 @@ class Metrics:
     def watch_tasks(self, read: Callable[[], Iterable[TaskReading]]) -> None:
         """Export the background tasks' state, read from `read` at each scrape."""
         self.registry.register(_TaskCollector(read))
+
+    def watch_audit(self, read: Callable[[], AuditReading]) -> None:
+        """Export the audit writer's backlog and failures, read from `read` at each scrape."""
+        self.registry.register(_AuditCollector(read))
 
     def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""

@@ -81,6 +81,7 @@ def create_app(
     app.router.add_get("/readyz", handlers.handle_readyz)
     app.router.add_get("/metrics", handlers.handle_metrics)
     if audit is not None:
+        metrics.watch_audit(audit.reading)
         app.cleanup_ctx.append(partial(_audit_writer, audit))
     work = list(background)
     if tls is not None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -17,8 +18,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.builders import POLICY_YAML, pod, review
 from tests.webhook.calls import decoded_patch, post
 from webhook.config.snapshot import ConfigHolder, snapshot_from_text
+from webhook.observe import audit_log
 from webhook.observe.audit_log import AuditLog
-from webhook.observe.metrics import Metrics
+from webhook.observe.metrics import AuditReading, Metrics
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
@@ -169,6 +171,46 @@ def test_records_accepted_before_shutdown_are_written(tmp_path: Path) -> None:
         audit.write({"n": index})
     audit.close()
     assert [r["n"] for r in lines(path)] == list(range(5000))
+
+
+def _until(check: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 10
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_failing_sink_keeps_the_records_and_writes_them_once_it_heals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(audit_log, "FIRST_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(audit_log, "MAX_RETRY_SECONDS", 0.02)
+    blocker = tmp_path / "logs"
+    blocker.write_text("a file where the log's directory should be")
+    audit = AuditLog(str(blocker / "audit.log"))
+    audit.start()
+    for index in range(10):
+        audit.write({"n": index})
+    _until(lambda: audit.reading().write_errors >= 3)
+    assert audit.reading().pending == 10
+    assert caplog.text.count("audit log: cannot write to") == 1  # once, however often
+    blocker.unlink()  # the disk is back
+    _until(lambda: audit.reading().pending == 0)
+    audit.close()
+    assert [r["n"] for r in lines(blocker / "audit.log")] == list(range(10))
+    assert audit.reading().dropped == 0
+
+
+def test_past_the_backlog_bound_records_are_dropped_and_counted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit_log, "MAX_PENDING_RECORDS", 5)
+    blocker = tmp_path / "logs"
+    blocker.write_text("")
+    audit = AuditLog(str(blocker / "audit.log"))  # not started: nothing is written
+    for index in range(8):
+        audit.write({"n": index})
+    assert audit.reading() == AuditReading(pending=5, dropped=3, write_errors=0)
 
 
 async def test_metrics_move_as_requests_are_made(
