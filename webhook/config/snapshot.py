@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -29,6 +30,8 @@ from webhook.reviews.in_turn import in_turn
 
 log = logging.getLogger("gpuadm.config")
 
+# A config that stays invalid is logged again this often, so that it is not forgotten.
+RELOG_SECONDS = 60.0
 POLICY_PART = "gpuadm-policy"
 QUOTAS_PART = "gpuadm-quotas"
 PARTS = (POLICY_PART, QUOTAS_PART)
@@ -140,9 +143,15 @@ class ConfigHolder:
     """
 
     def __init__(
-        self, snapshot: ConfigSnapshot | None = None, *, metrics: Metrics | None = None
+        self,
+        snapshot: ConfigSnapshot | None = None,
+        *,
+        metrics: Metrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """Start with `snapshot` in force (or none); report reloads to `metrics`."""
+        self._clock = clock
+        self._logged_at: dict[str, float] = {}
         self._snapshot: ConfigSnapshot | None = None
         self._metrics = metrics if metrics is not None else Metrics()
         # Evictions of the memos of snapshots no longer in force, so the counter only grows.
@@ -289,13 +298,18 @@ class ConfigHolder:
     def reject(self, part: str, reason: str) -> str:
         """Record that the latest version of `part` is invalid; the config in force stays.
 
-        Logged and counted once per distinct reason, however often a source reads it again.
-        Return the reason.
+        Counted once per distinct reason, however often a source reads it again, and logged
+        again every `RELOG_SECONDS` while it lasts. Return the reason.
         """
         self._metrics.config_valid.labels(part).set(0)
+        now = self._clock()
         if self._problems.get(part) == reason:
+            if now - self._logged_at.get(part, now) >= RELOG_SECONDS:
+                self._logged_at[part] = now
+                log.error("config %s is still invalid: %s", part, reason)
             return reason
         self._problems[part] = reason
+        self._logged_at[part] = now
         self._metrics.config_reloads.labels(part, "rejected").inc()
         kept = "the last good one stays in force" if part in self._good else "none is in force"
         log.error("config not reloaded (%s), %s: %s", part, kept, reason)

@@ -113,16 +113,21 @@ def test_a_policy_edit_applies_while_the_quotas_are_broken() -> None:
     assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
 
 
-def test_a_rejection_is_logged_once_and_the_recovery_too(
+def test_a_rejection_is_logged_once_a_minute_and_the_recovery_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.INFO, "gpuadm.config")
     metrics = Metrics()
-    holder = ConfigHolder(metrics=metrics)
+    now = [0.0]
+    holder = ConfigHolder(metrics=metrics, clock=lambda: now[0])
     holder.update(POLICY, QUOTAS)
-    for _ in range(5):  # a file source reads the same bad file every second
+    for _ in range(60):  # a file source reads the same bad file every second
         holder.update(POLICY, PartText("", "q"))
+        now[0] += 1
     assert caplog.text.count("config not reloaded (gpuadm-quotas)") == 1
+    assert "still invalid" not in caplog.text
+    holder.update(POLICY, PartText("", "q"))  # a minute on: said again, not counted again
+    assert caplog.text.count("config gpuadm-quotas is still invalid") == 1
     rejected = metrics.registry.get_sample_value(
         "gpuadm_config_reloads_total", {"config": QUOTAS_PART, "result": "rejected"}
     )
