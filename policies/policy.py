@@ -31,6 +31,15 @@ STANDARD_GPU = "nvidia.com/gpu"
 # number in the tens, so legitimate traffic never reaches it.
 MAX_REMEMBERED_NAMES = 4096
 STACK_NAMES = {"hami": "HAMi", "volcano": "Volcano"}
+# The service accounts of HAMi's and Volcano's scheduler and device plugin as their standard
+# installs name them: HAMi's chart installed as `hami` in kube-system, Volcano's scheduler in
+# volcano-system, and its vGPU device plugin's manifest in kube-system.
+DEFAULT_GPU_STACK_USERS = (
+    "system:serviceaccount:kube-system:hami-scheduler",
+    "system:serviceaccount:kube-system:hami-device-plugin",
+    "system:serviceaccount:volcano-system:volcano-scheduler",
+    "system:serviceaccount:kube-system:volcano-device-plugin",
+)
 # The label of every object gpuadm writes (records, ResourceClaimTemplates).
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "gpuadm"
@@ -106,6 +115,15 @@ class Guard(Model):
     # GPU devices through a ResourceClaim or ResourceClaimTemplate gpuadm did not write
     # (`policies.claims`).
     foreign_gpu_claims: bool = True
+    # A container mount at or under /var/run/nvidia-container-devices, where the NVIDIA
+    # Container Toolkit reads a device list from mount points.
+    device_list_mounts: bool = True
+    # A hostPath volume of /dev/char, /run/nvidia/driver/dev, or a directory above them.
+    device_dir_host_path: bool = True
+    # The annotations with which HAMi's and Volcano's schedulers tell their device plugins
+    # which devices to give a pod: a pod may not bring them, and only `gpuStackUsers` change
+    # them.
+    allocation_annotations: bool = True
 
     def switch(self, rule: str) -> str:
         """Return the policy key that switches a rule off, e.g. `guard.devHostPath`."""
@@ -123,6 +141,9 @@ class Policy(Model):
     # More DeviceClasses whose devices are GPUs, besides NVIDIA's and those of the policy's
     # dra classes: claims for them are gpuadm's alone (`guard.foreignGpuClaims`).
     gpu_device_classes: list[str] = Field(default_factory=list)
+    # The users of the GPU stack's own scheduler and device plugin, who write the allocation
+    # annotations of pods (`guard.allocationAnnotations`).
+    gpu_stack_users: list[str] = Field(default_factory=lambda: list(DEFAULT_GPU_STACK_USERS))
 
     @field_validator("domain")
     @classmethod

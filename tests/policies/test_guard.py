@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import re
 from pathlib import Path
@@ -18,7 +19,8 @@ from policies import (
     load_policy,
     plan,
 )
-from policies.policy import Guard
+from policies.guard import ALLOCATION_ANNOTATIONS, check_allocation_update
+from policies.policy import DEFAULT_GPU_STACK_USERS, Guard
 from tests.builders import POLICY_YAML, container, pod
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -173,10 +175,133 @@ def test_an_unmounted_device_volume_is_denied_too(policy: Policy) -> None:
 
 
 @pytest.mark.parametrize(
-    "path", ["/dev", "/dev/null", "/dev/fuse", "/var/lib/nvidia", "/devices/nvidia0", "/"]
+    "path",
+    [
+        "/dev/null",
+        "/dev/fuse",
+        "/dev/charlie",
+        "/var/lib/nvidia",
+        "/devices/nvidia0",
+        "/var",
+        "/var/log",
+        "/run/containerd/containerd.sock",
+        "/var/run/docker.sock",
+        "/run/nvidia/driver/usr/lib",
+        "/run/nvidia/driverx",
+        "/run/nvidia-persistenced",
+        "/home/dev/char",
+    ],
 )
 def test_other_host_paths_are_not_the_guards(policy: Policy, path: str) -> None:
     guarded(pod(CPU, volumes=[{"name": "v", "hostPath": {"path": path}}]), policy)
+
+
+# --- hostPath of a directory that holds the GPU device files ----------------------------------
+
+DEVICE_DIR_PATHS = [
+    pytest.param("/dev/char", id="char-device-links"),
+    pytest.param("/dev/char/195:0", id="one-char-device-link"),
+    pytest.param("/run/nvidia/driver/dev", id="driver-root-devices"),
+    pytest.param("/run/nvidia/driver/dev/nvidia0", id="driver-root-gpu"),
+    pytest.param("/var/run/nvidia/driver/dev", id="var-run-is-run"),
+    pytest.param("/dev", id="dev"),
+    pytest.param("/", id="root"),
+    pytest.param("/run", id="run"),
+    pytest.param("/var/run", id="var-run"),
+    pytest.param("/run/nvidia", id="run-nvidia"),
+    pytest.param("/run/nvidia/driver", id="driver-root"),
+    pytest.param("//dev/./char/", id="doubled-slash-dot-trailing-slash"),
+    pytest.param("/dev/", id="dev-trailing-slash"),
+    pytest.param("/.", id="root-dot"),
+    pytest.param("//", id="root-doubled"),
+    pytest.param("/dev/../dev/char", id="backstep"),
+    pytest.param("/run/nvidia/../nvidia/driver/./dev", id="backstep-and-dot"),
+    pytest.param("dev/char", id="relative"),
+]
+
+
+@pytest.mark.parametrize("path", DEVICE_DIR_PATHS)
+def test_a_host_path_holding_gpu_device_files_is_denied(policy: Policy, path: str) -> None:
+    mount = [{"name": "host", "mountPath": "/host"}]
+    body = pod(
+        CPU,
+        volumes=[{"name": "host", "hostPath": {"path": path}}],
+        extra=[container("x", {}, volumeMounts=mount)],
+    )
+    with pytest.raises(Denial) as denial:
+        guarded(body, policy)
+    message = denial.value.message
+    assert (
+        f'volume "host" (mounted by container "x"): volumes[0].hostPath.path={path} holds the '
+        "node's GPU device files" in message
+    )
+    assert "(allowed only with guard.deviceDirHostPath: false)" in message
+    guarded(body, with_guard(deviceDirHostPath=False))
+
+
+def test_dev_nvidia_stays_the_dev_host_path_rule(policy: Policy) -> None:
+    body = pod(CPU, volumes=[{"name": "gpu", "hostPath": {"path": "/dev/nvidia0"}}])
+    with pytest.raises(Denial, match=r"guard\.devHostPath: false"):
+        guarded(body, with_guard(deviceDirHostPath=False))
+
+
+# --- mounts under /var/run/nvidia-container-devices -------------------------------------------
+
+DEVICE_LIST_MOUNTS = [
+    pytest.param("/var/run/nvidia-container-devices/all", id="all"),
+    pytest.param("/var/run/nvidia-container-devices/0", id="an-index"),
+    pytest.param("/var/run/nvidia-container-devices/GPU-8e3f0b6a-1c2d", id="uuid"),
+    pytest.param("/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=all", id="cdi-name"),
+    pytest.param("/var/run/nvidia-container-devices", id="the-root-itself"),
+    pytest.param("/var/run/nvidia-container-devices/", id="trailing-slash"),
+    pytest.param("//var/run//nvidia-container-devices/0", id="doubled-slashes"),
+    pytest.param("/var/run/./nvidia-container-devices/all", id="dot"),
+    pytest.param("/var/lib/../run/nvidia-container-devices/all", id="backstep"),
+    pytest.param("/var/run/nvidia-container-devicesall", id="no-separator"),
+    pytest.param("var/run/nvidia-container-devices/all", id="relative"),
+]
+
+
+@pytest.mark.parametrize("path", DEVICE_LIST_MOUNTS)
+@pytest.mark.parametrize(("kind", "where"), KINDS)
+@pytest.mark.parametrize(
+    "volume",
+    [
+        pytest.param({"hostPath": {"path": "/dev/null"}}, id="host-dev-null"),
+        pytest.param({"emptyDir": {}}, id="empty-dir"),
+    ],
+)
+def test_a_mount_naming_a_device_list_is_denied(
+    policy: Policy, path: str, kind: str, where: str, volume: dict[str, Any]
+) -> None:
+    body = in_kind(kind, CPU, volumeMounts=[{"name": "list", "mountPath": path}])
+    body["spec"]["volumes"] = [{"name": "list", **volume}]
+    with pytest.raises(Denial) as denial:
+        guarded(body, policy)
+    message = denial.value.message
+    assert (
+        f"{where}: volumeMounts[0].mountPath={path} names GPUs to the NVIDIA Container "
+        "Toolkit's volume-mounts device list" in message
+    )
+    assert "(allowed only with guard.deviceListMounts: false)" in message
+    guarded(body, with_guard(deviceListMounts=False))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/run/nvidia-container-devices/all",
+        "/data/var/run/nvidia-container-devices/all",
+        "/var/run/secrets/kubernetes.io/serviceaccount",
+        "/var/run/nvidia-container",
+        "/var/run/nvidia-container-devices/../../x",
+    ],
+)
+def test_other_mounts_are_not_a_device_list(policy: Policy, path: str) -> None:
+    mounts = [{"name": "v", "mountPath": path}]
+    body = pod(CPU, extra=[container("x", {}, volumeMounts=mounts)])
+    body["spec"]["volumes"] = [{"name": "v", "emptyDir": {}}]
+    guarded(body, policy)
 
 
 # --- privileged containers in GPU pods --------------------------------------------------------
@@ -261,6 +386,27 @@ def test_isolation_switches_in_hami_and_volcano_pods_are_denied(
         pytest.param({"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80g"}, id="memory-limit"),
         pytest.param({"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"}, id="memory-fallback"),
         pytest.param({"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"}, id="core-limit"),
+        pytest.param(
+            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/tmp/mine.cache"},
+            id="shared-region-file",
+        ),
+        pytest.param({"name": "CUDA_REDIRECT", "value": "/lib/libcuda.so.1"}, id="redirect"),
+        pytest.param(
+            {"name": "CUDA_DISABLE_CONTROL", "valueFrom": {"configMapKeyRef": {"name": "c"}}},
+            id="disable-control-from-a-configmap",
+        ),
+        pytest.param(
+            {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "valueFrom": {"secretKeyRef": {"name": "s"}}},
+            id="memory-limit-from-a-secret",
+        ),
+        pytest.param(
+            {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "valueFrom": {"fieldRef": {}}},
+            id="shared-region-file-from-elsewhere",
+        ),
+        pytest.param(
+            {"name": "CUDA_REDIRECT", "valueFrom": {"configMapKeyRef": {"name": "c"}}},
+            id="redirect-from-a-configmap",
+        ),
     ],
 )
 def test_every_value_that_may_switch_isolation_off_is_denied(
@@ -296,6 +442,242 @@ def test_isolation_switches_are_for_hami_and_volcano_only(
     guarded(pod(limits, extra=[container("x", {}, env=env)]), policy)
 
 
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("CUDA_DEVICE_MEMORY_SHARED_CACHE", "at a region file of the pod's own"),
+        ("CUDA_REDIRECT", "take CUDA calls from another library"),
+    ],
+)
+@pytest.mark.parametrize(("limits", "stack"), ISOLATED)
+def test_the_limiter_cannot_be_pointed_elsewhere(
+    policy: Policy, name: str, reason: str, limits: dict[str, str], stack: str
+) -> None:
+    body = pod(limits, extra=[container("x", {}, env=[{"name": name, "value": "/x"}])])
+    with pytest.raises(Denial) as denial:
+        guarded(body, policy)
+    assert f'container "x": env {name}=/x ' in denial.value.message
+    assert f"{stack}'s limiter (HAMi-core)" in denial.value.message
+    assert reason in denial.value.message
+
+
+# --- envFrom in hami and volcano pods ---------------------------------------------------------
+
+
+def with_env_from(kind: str, limits: dict[str, str], *sources: dict[str, Any]) -> dict[str, Any]:
+    """Build a pod whose container of `kind`, asking for `limits`, takes `envFrom` sources."""
+    gpu = container("gpu", limits, envFrom=list(sources))
+    if kind == "containers":
+        return pod(CPU, extra=[gpu])
+    if kind == "sidecar":
+        return pod(CPU, init=[{**gpu, "restartPolicy": "Always"}])
+    return pod(CPU, init=[gpu])
+
+
+CONFIG_MAP = {"configMapRef": {"name": "settings"}}
+GPU_KINDS = [
+    pytest.param("containers", 'container "gpu"', id="container"),
+    pytest.param("initContainers", 'init container "gpu"', id="init-container"),
+    pytest.param("sidecar", 'sidecar "gpu"', id="sidecar"),
+]
+
+
+@pytest.mark.parametrize(("limits", "stack"), ISOLATED)
+@pytest.mark.parametrize(("kind", "where"), GPU_KINDS)
+def test_env_from_in_a_hami_or_volcano_gpu_container_is_denied(
+    policy: Policy, limits: dict[str, str], stack: str, kind: str, where: str
+) -> None:
+    with pytest.raises(Denial) as denial:
+        guarded(with_env_from(kind, limits, CONFIG_MAP), policy)
+    message = denial.value.message
+    assert (
+        f"{where}: envFrom[0] (ConfigMap settings) may set {stack}'s limiter variables" in message
+    )
+    assert "give it a prefix no such variable starts with (e.g. APP_)" in message
+    assert "as plain env" in message
+    assert "(allowed only with guard.isolationSwitches: false)" in message
+    guarded(with_env_from(kind, limits, CONFIG_MAP), with_guard(isolationSwitches=False))
+
+
+@pytest.mark.parametrize(
+    ("source", "named"),
+    [
+        pytest.param({"secretRef": {"name": "keys"}}, "envFrom[0] (Secret keys)", id="secret"),
+        pytest.param({**CONFIG_MAP, "prefix": ""}, "envFrom[0]", id="empty-prefix"),
+        pytest.param({**CONFIG_MAP, "prefix": "CUDA_"}, "envFrom[0]", id="cuda"),
+        pytest.param({**CONFIG_MAP, "prefix": "C"}, "envFrom[0]", id="one-letter"),
+        pytest.param({**CONFIG_MAP, "prefix": "GPU_"}, "envFrom[0]", id="core-policy-start"),
+        pytest.param(
+            {**CONFIG_MAP, "prefix": "CUDA_DEVICE_SM_LIMIT"}, "envFrom[0]", id="a-limit-itself"
+        ),
+        pytest.param(
+            {**CONFIG_MAP, "prefix": "CUDA_DEVICE_MEMORY_LIMIT_"},
+            "envFrom[0]",
+            id="per-device-limits",
+        ),
+        pytest.param({**CONFIG_MAP, "prefix": 7}, "envFrom[0]", id="odd-prefix"),
+        pytest.param({}, "envFrom[0] (a source gpuadm cannot read)", id="no-source"),
+    ],
+)
+def test_env_from_that_may_produce_a_limiter_variable(
+    policy: Policy, source: dict[str, Any], named: str
+) -> None:
+    with pytest.raises(Denial, match="isolationSwitches") as denial:
+        guarded(with_env_from("containers", {"gpuadm.io/a100": "0.5"}, source), policy)
+    assert named in denial.value.message
+
+
+def test_every_env_from_source_is_named(policy: Policy) -> None:
+    body = with_env_from(
+        "containers",
+        {"gpuadm.io/a100": "0.5"},
+        {**CONFIG_MAP, "prefix": "APP_"},
+        {"secretRef": {"name": "keys"}},
+    )
+    with pytest.raises(Denial) as denial:
+        guarded(body, policy)
+    assert "envFrom[1] (Secret keys)" in denial.value.message
+    assert "envFrom[0]" not in denial.value.message
+
+
+@pytest.mark.parametrize(
+    "prefix", ["APP_", "NCCL_", "CUDA_X_", "GPU_X", "CUDA_DISABLE_CONTROL", "CUDA_REDIRECT"]
+)
+def test_env_from_with_a_prefix_no_limiter_variable_starts_with_is_allowed(
+    policy: Policy, prefix: str
+) -> None:
+    # A ConfigMap's keys are never empty, so a prefix that is a whole name cannot produce it.
+    source = {**CONFIG_MAP, "prefix": prefix}
+    guarded(with_env_from("containers", {"gpuadm.io/a100": "0.5"}, source), policy)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(pod(CPU, extra=[container("x", {}, envFrom=[CONFIG_MAP])]), id="no-gpus"),
+        pytest.param(with_env_from("containers", {"gpuadm.io/h100": "1"}, CONFIG_MAP), id="nvidia"),
+        pytest.param(
+            with_env_from("containers", {"gpuadm.io/t4": "0.5"}, CONFIG_MAP), id="gpu-manager"
+        ),
+        pytest.param(
+            pod({"gpuadm.io/a100": "0.5"}, extra=[container("app", CPU, envFrom=[CONFIG_MAP])]),
+            id="hami-pod-container-without-a-gpu",
+        ),
+    ],
+)
+def test_env_from_is_judged_only_where_hami_core_limits_the_container(
+    policy: Policy, body: dict[str, Any]
+) -> None:
+    guarded(body, policy)
+
+
+# --- the allocation annotations of HAMi and Volcano -------------------------------------------
+
+
+@pytest.mark.parametrize("key", ALLOCATION_ANNOTATIONS)
+@pytest.mark.parametrize("limits", [{"gpuadm.io/a100": "0.5"}, {"gpuadm.io/a10": "1"}, CPU])
+def test_a_pod_may_not_bring_an_allocation_annotation(
+    policy: Policy, key: str, limits: dict[str, str]
+) -> None:
+    body = pod(limits, annotations={key: "GPU-8e3f0b6a,NVIDIA,81920,100:;"})
+    with pytest.raises(Denial) as denial:
+        guarded(body, policy)
+    assert (
+        f"the pod: annotation {key} is written by the GPU stack's scheduler to tell its device "
+        "plugin which GPUs to give the pod" in denial.value.message
+    )
+    assert "(allowed only with guard.allocationAnnotations: false)" in denial.value.message
+    guarded(body, with_guard(allocationAnnotations=False))
+
+
+def test_other_stack_annotations_are_the_users(policy: Policy) -> None:
+    # Scheduling policies choose among the class's GPUs; they give none outside it.
+    annotations = {
+        "hami.io/gpu-scheduler-policy": "binpack",
+        "hami.io/node-scheduler-policy": "spread",
+        "volcano.sh/vgpu-ids": "x",
+    }
+    guarded(pod({"gpuadm.io/a100": "0.5"}, annotations=annotations), policy)
+
+
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+SCHEDULED = pod(
+    {"nvidia.com/gpu": "1"},
+    annotations={TO_ALLOCATE: "GPU-1,NVIDIA,8192,10:;", "hami.io/bind-phase": "allocating"},
+)
+
+
+def updated(stored: dict[str, Any], **annotations: str | None) -> dict[str, Any]:
+    """Return the pod with annotations set, or removed where the value is None."""
+    changed = copy.deepcopy(stored)
+    current = changed["metadata"].setdefault("annotations", {})
+    for key, value in annotations.items():
+        if value is None:
+            current.pop(key, None)
+        else:
+            current[key] = value
+    return changed
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        pytest.param({TO_ALLOCATE: "GPU-1,NVIDIA,81920,100:;"}, TO_ALLOCATE, id="more-memory"),
+        pytest.param({TO_ALLOCATE: "GPU-2,NVIDIA,8192,10:;"}, TO_ALLOCATE, id="another-gpu"),
+        pytest.param({TO_ALLOCATE: None}, TO_ALLOCATE, id="removed"),
+        pytest.param({"hami.io/vgpu-node": "node-b"}, "hami.io/vgpu-node", id="added"),
+        pytest.param(
+            {"volcano.sh/devices-to-allocate": "x", "volcano.sh/vgpu-ids-new": "x"},
+            "volcano.sh/devices-to-allocate, volcano.sh/vgpu-ids-new",
+            id="volcano",
+        ),
+    ],
+)
+def test_only_the_gpu_stack_changes_allocation_annotations(
+    policy: Policy, change: dict[str, str | None], named: str
+) -> None:
+    new = updated(SCHEDULED, **change)
+    with pytest.raises(Denial) as denial:
+        check_allocation_update(SCHEDULED, new, policy, "alice")
+    message = denial.value.message
+    assert message.startswith(f"annotation {named} may be changed only by the GPU stack's")
+    assert "not by alice" in message
+    assert "(allowed only with guard.allocationAnnotations: false)" in message
+    for user in DEFAULT_GPU_STACK_USERS:
+        check_allocation_update(SCHEDULED, new, policy, user)
+    check_allocation_update(SCHEDULED, new, with_guard(allocationAnnotations=False), "alice")
+
+
+def test_other_updates_of_a_scheduled_pod_pass(policy: Policy) -> None:
+    check_allocation_update(SCHEDULED, updated(SCHEDULED, team="vision"), policy, "alice")
+    check_allocation_update(pod(CPU), updated(pod(CPU), team="vision"), policy, "")
+
+
+def test_the_policy_names_the_stacks_users() -> None:
+    custom = load_policy(
+        POLICY_YAML + "gpuStackUsers: [system:serviceaccount:gpu:hami-scheduler]\n"
+    )
+    new = updated(SCHEDULED, **{TO_ALLOCATE: "GPU-2,NVIDIA,8192,10:;"})
+    check_allocation_update(SCHEDULED, new, custom, "system:serviceaccount:gpu:hami-scheduler")
+    with pytest.raises(Denial, match="not by system:serviceaccount:kube-system:hami-scheduler"):
+        check_allocation_update(SCHEDULED, new, custom, DEFAULT_GPU_STACK_USERS[0])
+
+
+@pytest.mark.parametrize(
+    ("old", "new"),
+    [
+        pytest.param({"metadata": {"annotations": [TO_ALLOCATE]}}, SCHEDULED, id="odd-old"),
+        pytest.param(SCHEDULED, {"metadata": "x"}, id="odd-new"),
+        pytest.param({}, {}, id="empty"),
+    ],
+)
+def test_odd_updates_are_judged_without_a_crash(
+    policy: Policy, old: dict[str, Any], new: dict[str, Any]
+) -> None:
+    with contextlib.suppress(Denial):
+        check_allocation_update(old, new, policy, "alice")
+
+
 # --- switching rules off ----------------------------------------------------------------------
 
 
@@ -328,6 +710,32 @@ def test_isolation_switches_are_for_hami_and_volcano_only(
             ),
             id="isolationSwitches",
         ),
+        pytest.param(
+            "deviceListMounts",
+            pod(
+                CPU,
+                extra=[
+                    container(
+                        "x",
+                        {},
+                        volumeMounts=[
+                            {"name": "v", "mountPath": "/var/run/nvidia-container-devices/all"}
+                        ],
+                    )
+                ],
+            ),
+            id="deviceListMounts",
+        ),
+        pytest.param(
+            "deviceDirHostPath",
+            pod(CPU, volumes=[{"name": "dev", "hostPath": {"path": "/dev"}}]),
+            id="deviceDirHostPath",
+        ),
+        pytest.param(
+            "allocationAnnotations",
+            pod(CPU, annotations={"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1,1:;"}),
+            id="allocationAnnotations",
+        ),
     ],
 )
 def test_each_rule_can_be_switched_off_alone(
@@ -343,6 +751,9 @@ def test_each_rule_can_be_switched_off_alone(
             "devHostPath",
             "privilegedGpuContainers",
             "isolationSwitches",
+            "deviceListMounts",
+            "deviceDirHostPath",
+            "allocationAnnotations",
         )
         if key != switch
     ]
@@ -477,6 +888,19 @@ def debugged(stored: dict[str, Any], *added: dict[str, Any]) -> dict[str, Any]:
             "from valueFrom",
             id="visible-devices-from-elsewhere",
         ),
+        pytest.param(
+            pod(CPU, volumes=[{"name": "null", "hostPath": {"path": "/dev/null"}}]),
+            container(
+                "debugger",
+                {},
+                volumeMounts=[
+                    {"name": "null", "mountPath": "/var/run/nvidia-container-devices/all"}
+                ],
+            ),
+            'ephemeral container "debugger": volumeMounts[0].mountPath='
+            "/var/run/nvidia-container-devices/all names GPUs",
+            id="device-list-mount",
+        ),
     ],
 )
 def test_an_added_ephemeral_container_is_judged(
@@ -534,3 +958,8 @@ def test_ephemeral_rules_can_be_switched_off(policy: Policy) -> None:
         check_added_containers(stored, updated, policy)
     off = with_guard(visibleDevicesEnv=False, privilegedGpuContainers=False)
     check_added_containers(stored, updated, off)
+    mount = [{"name": "v", "mountPath": "/var/run/nvidia-container-devices/0"}]
+    listing = debugged(stored, container("c", {}, volumeMounts=mount))
+    with pytest.raises(Denial, match="deviceListMounts"):
+        check_added_containers(stored, listing, off)
+    check_added_containers(stored, listing, with_guard(deviceListMounts=False))

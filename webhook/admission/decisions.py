@@ -23,6 +23,7 @@ from policies import (
     require_fixed_point,
 )
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
+from policies.guard import check_allocation_update
 from policies.judge import QuotaVerdict
 from policies.queue import add_gate, gate_name, is_gated, may_gate
 from webhook.claims.lookup import Claims
@@ -258,6 +259,8 @@ def _validate_update(
     try:
         # Whoever asks: gpuadm itself never adds ephemeral containers.
         check_added_containers(request.old_object, request.object, config.policy)
+        # The GPU stack's scheduler and device plugin write these; gpuadm never does.
+        check_allocation_update(request.old_object, request.object, config.policy, request.user)
         if not (trusted_user and request.user == trusted_user):
             check_update(request.old_object, request.object, config.policy)
     except Denial as denial:

@@ -47,6 +47,45 @@ async def client(aiohttp_client: MakeClient) -> Client:
             "volumes[0].hostPath.path=/dev/nvidia0",
             id="device-host-path",
         ),
+        pytest.param(
+            pod(
+                {"cpu": "1"},
+                volumes=[{"name": "null", "hostPath": {"path": "/dev/null"}}],
+                extra=[
+                    container(
+                        "app",
+                        {},
+                        volumeMounts=[
+                            {"name": "null", "mountPath": "/var/run/nvidia-container-devices/all"}
+                        ],
+                    )
+                ],
+            ),
+            'container "app": volumeMounts[0].mountPath=/var/run/nvidia-container-devices/all',
+            id="device-list-mount",
+        ),
+        pytest.param(
+            pod({"cpu": "1"}, volumes=[{"name": "links", "hostPath": {"path": "/dev/char"}}]),
+            "volumes[0].hostPath.path=/dev/char holds the node's GPU device files",
+            id="char-device-links",
+        ),
+        pytest.param(
+            pod(
+                {"gpuadm.io/a100": "0.5"},
+                extra=[
+                    container(
+                        "gpu", {"gpuadm.io/a100": "0.5"}, envFrom=[{"configMapRef": {"name": "c"}}]
+                    )
+                ],
+            ),
+            'container "gpu": envFrom[0] (ConfigMap c) may set HAMi\'s limiter variables',
+            id="env-from-in-a-hami-pod",
+        ),
+        pytest.param(
+            pod({"gpuadm.io/a100": "0.5"}, annotations={"hami.io/vgpu-node": "node-a"}),
+            "the pod: annotation hami.io/vgpu-node is written by the GPU stack's scheduler",
+            id="allocation-annotation",
+        ),
     ],
 )
 async def test_mutate_and_validate_both_deny(
@@ -115,3 +154,53 @@ async def test_a_large_pod_is_guarded_off_the_event_loop_with_the_same_answer(
     response = await post(client, "/mutate", review(body))
     assert response["allowed"] is False
     assert 'container "big": env NVIDIA_VISIBLE_DEVICES=all' in response["status"]["message"]
+
+
+HAMI_SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"
+TO_ALLOCATE = "hami.io/vgpu-devices-to-allocate"
+
+
+@pytest.mark.parametrize(
+    ("user", "allowed"),
+    [
+        pytest.param("alice", False, id="a-tenant"),
+        pytest.param(TRUSTED, False, id="gpuadm"),
+        pytest.param(HAMI_SCHEDULER, True, id="hamis-scheduler"),
+        pytest.param("system:serviceaccount:kube-system:hami-device-plugin", True, id="plugin"),
+    ],
+)
+async def test_only_the_gpu_stack_changes_what_its_device_plugin_allocates(
+    client: Client, user: str, allowed: bool
+) -> None:
+    stored = pod({"nvidia.com/gpu": "1"}, annotations={TO_ALLOCATE: "GPU-1,NVIDIA,8192,10:;"})
+    more = copy.deepcopy(stored)
+    more["metadata"]["annotations"][TO_ALLOCATE] = "GPU-1,NVIDIA,81920,100:;"
+    response = await post(
+        client, "/validate", review(more, operation="UPDATE", old=stored, user=user)
+    )
+    assert response["allowed"] is allowed
+    if not allowed:
+        assert response["status"]["message"].startswith(
+            f"annotation {TO_ALLOCATE} may be changed only by the GPU stack's scheduler"
+        )
+
+
+async def test_hamis_scheduler_may_annotate_a_gpuadm_pod(client: Client) -> None:
+    """What HAMi's scheduler writes at Filter and Bind passes, on a pod gpuadm wrote."""
+    stored = pod(
+        {"nvidia.com/gpu": "1"},
+        annotations={"gpuadm.io/class": "a100", "gpuadm.io/demand": "a100=0.5"},
+    )
+    stored["metadata"]["labels"] = {"gpuadm.io/class": "a100"}
+    scheduled = copy.deepcopy(stored)
+    scheduled["metadata"]["annotations"].update(
+        {
+            TO_ALLOCATE: "GPU-1,NVIDIA,40960,50:;",
+            "hami.io/vgpu-devices-allocated": "GPU-1,NVIDIA,40960,50:;",
+            "hami.io/vgpu-node": "node-a",
+            "hami.io/vgpu-time": "1700000000",
+            "hami.io/bind-phase": "allocating",
+        }
+    )
+    update = review(scheduled, operation="UPDATE", old=stored, user=HAMI_SCHEDULER)
+    assert (await post(client, "/validate", update))["allowed"] is True
