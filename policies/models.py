@@ -9,8 +9,10 @@ stack that these rules come from.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
+
+from policies.catalogue import GPU_NAMES
 
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 USE_GPUTYPE = "nvidia.com/use-gputype"
@@ -81,63 +83,153 @@ def dra_selector(models: Sequence[str], *, driver: str = "gpu.nvidia.com") -> st
 
 
 def gputype_annotations(
-    class_name: str, models: Sequence[str], *, stack: VgpuStack, others: Iterable[ClassModel]
+    class_name: str,
+    models: Sequence[str],
+    *,
+    stack: VgpuStack,
+    others: Iterable[ClassModel],
+    catalogue: Iterable[str] = GPU_NAMES,
 ) -> dict[str, str]:
     """Return the `use-gputype`/`nouse-gputype` annotations that select exactly `models`.
 
-    `others` are the models of the policy's other classes, which the class's pods must not
-    get. Both stacks compare an entry with a device's type by case-insensitive substring, so
-    `NVIDIA A10` also matches `NVIDIA A100-SXM4-80GB`. HAMi keeps a device that some entry of
-    `use-gputype` matches and no entry of `nouse-gputype` does, so the other models that the
-    use-list also matches go into `nouse-gputype`. Volcano reads `nouse-gputype` only when
-    `use-gputype` is absent: where its use-list would match another model, the class writes
-    `nouse-gputype` alone, naming every other model of the policy.
+    `others` are the models of the policy's other classes, and `catalogue` the GPU names
+    gpuadm knows besides (`policies.catalogue`): the class's pods must get none of them.
+    Both stacks compare an entry with a device's type by case-insensitive substring, so
+    `NVIDIA A10` also matches `NVIDIA A100-PCIE-40GB`. HAMi keeps a device that some entry of
+    `use-gputype` matches and no entry of `nouse-gputype` does, so every known name that the
+    use-list also matches goes into `nouse-gputype`. Volcano reads `nouse-gputype` only when
+    `use-gputype` is absent: where its use-list would match another known name, the class
+    writes `nouse-gputype` alone, naming every known name but its own, unless that would let
+    more known names through than the use-list does.
 
-    Raises `ModelConflict`, naming both classes and models, where no such pair of lists is
-    exact: a model that must be excluded is itself a substring of one of the class's own.
+    A known name that cannot be excluded without excluding one of the class's own models
+    (its spelling is inside theirs) is left out of `nouse-gputype`: `unexcluded` names the
+    catalogue's, which the class's pods may get. For one of the policy's models that is an
+    error: raises `ModelConflict`, naming both classes and models.
     """
-    own = set(models)
+    known = _known(models, others, catalogue)
     use = _unique(hami_device_type(model) for model in models)
     device_type = hami_device_type if stack == "hami" else volcano_device_type
-    foreign = [other for other in others if other.model not in own]
-    caught = [other for other in foreign if _matching_entry(use, device_type(other.model))]
+    caught = [name for name in known if _matching_entry(use, device_type(name))]
     if not caught:
         return {USE_GPUTYPE: ",".join(use)}
-    first = caught[0]
-    overlap = (
-        f"use-gputype entry {_matching_entry(use, device_type(first.model))!r} also matches "
-        f"{first.model!r} of class {first.class_name!r}"
+    if stack == "hami":
+        kept = {name: _own_excluded(name, models, device_type) for name in caught}
+        _refuse_policy_clash(class_name, models, stack, use, caught, kept, known)
+        nouse = [hami_device_type(name) for name in caught if kept[name] is None]
+        if not nouse:
+            return {USE_GPUTYPE: ",".join(use)}
+        return {USE_GPUTYPE: ",".join(use), NOUSE_GPUTYPE: ",".join(_unique(nouse))}
+    kept = {name: _own_excluded(name, models, device_type) for name in known}
+    let_through = [name for name in known if kept[name] is not None]
+    through_use = [name for name in caught if known[name] is not None]
+    through_nouse = [name for name in let_through if known[name] is not None]
+    if through_use and through_nouse:
+        _refuse_policy_clash(class_name, models, stack, use, caught, kept, known)
+    if through_use or (not through_nouse and len(let_through) < len(caught)):
+        nouse = [hami_device_type(name) for name in known if kept[name] is None]
+        return {NOUSE_GPUTYPE: ",".join(_unique(nouse))}
+    return {USE_GPUTYPE: ",".join(use)}
+
+
+def admits(annotations: Mapping[str, str], stack: VgpuStack, name: str) -> bool:
+    """Tell whether the stack may give a pod with these annotations a GPU of this driver name.
+
+    HAMi: some use-entry and no nouse-entry is inside the type; Volcano: the use-list alone
+    when it is set, else no nouse-entry inside the type. Entries match by case-insensitive
+    substring of the type the stack registers the GPU under.
+    """
+    device_type = (hami_device_type if stack == "hami" else volcano_device_type)(name)
+    use = annotations.get(USE_GPUTYPE)
+    nouse = annotations.get(NOUSE_GPUTYPE)
+    if use is not None and not _matching_entry(use.split(","), device_type):
+        return False
+    if use is not None and stack == "volcano":
+        return True
+    return nouse is None or _matching_entry(nouse.split(","), device_type) is None
+
+
+def unexcluded(
+    models: Sequence[str],
+    annotations: Mapping[str, str],
+    *,
+    stack: VgpuStack,
+    catalogue: Iterable[str] = GPU_NAMES,
+) -> list[tuple[str, str]]:
+    """Return the catalogue's GPUs that a class's pods may get besides its own models.
+
+    Each comes with the reason, for a warning: the use-entry that matches it, or the model of
+    the class whose spelling holds it, so that no nouse-entry can exclude it.
+    """
+    device_type = hami_device_type if stack == "hami" else volcano_device_type
+    use = annotations.get(USE_GPUTYPE, "").split(",")
+    found = []
+    for name in _unique(catalogue):
+        if name in models or not admits(annotations, stack, name):
+            continue
+        inside = _own_excluded(name, models, device_type)
+        entry = _matching_entry(use, device_type(name)) if USE_GPUTYPE in annotations else None
+        reasons = [] if entry is None else [f"use-gputype entry {entry!r} matches it"]
+        if inside is not None:
+            reasons.append(f"excluding it would exclude {inside!r} too")
+        else:
+            reasons.append("Volcano ignores nouse-gputype beside use-gputype")
+        found.append((name, " and ".join(reasons)))
+    return found
+
+
+def _known(
+    models: Sequence[str], others: Iterable[ClassModel], catalogue: Iterable[str]
+) -> dict[str, str | None]:
+    """Return every GPU name the class must not get, with the class that lists it, if any."""
+    own = set(models)
+    known: dict[str, str | None] = {}
+    for other in others:
+        if other.model not in own:
+            known.setdefault(other.model, other.class_name)
+    for name in catalogue:
+        if name not in own:
+            known.setdefault(name, None)
+    return known
+
+
+def _own_excluded(
+    name: str, models: Sequence[str], device_type: Callable[[str], str]
+) -> str | None:
+    """Return a model of the class that a nouse-entry excluding `name` would exclude too."""
+    entry = hami_device_type(name).upper()
+    return next((model for model in models if entry in device_type(model).upper()), None)
+
+
+def _refuse_policy_clash(
+    class_name: str,
+    models: Sequence[str],
+    stack: VgpuStack,
+    use: Sequence[str],
+    caught: Sequence[str],
+    kept: Mapping[str, str | None],
+    known: Mapping[str, str | None],
+) -> None:
+    """Raise `ModelConflict` where a model of another class of the policy cannot be excluded."""
+    device_type = hami_device_type if stack == "hami" else volcano_device_type
+    clash = next(
+        (name for name in known if known[name] is not None and kept.get(name) is not None), None
     )
-    if stack == "hami":
-        excluded = caught
-    else:
-        excluded = foreign
+    if clash is None:
+        return
+    first = next(name for name in caught if known[name] is not None)
+    overlap = (
+        f"use-gputype entry {_matching_entry(use, device_type(first))!r} also matches "
+        f"{first!r} of class {known[first]!r}"
+    )
+    if stack == "volcano":
         overlap += ", and Volcano ignores nouse-gputype whenever use-gputype is set"
-    clash = _self_exclusion(models, excluded, device_type)
-    if clash is not None:
-        other, model = clash
-        raise ModelConflict(
-            f"class {class_name!r} ({stack}) cannot be held to exactly its models: {overlap}; "
-            f"but nouse-gputype cannot exclude {other.model!r} of class {other.class_name!r} "
-            f"without excluding {model!r} of class {class_name!r} too, since GPU types match "
-            "by case-insensitive substring. Put those models in one class"
-        )
-    nouse = ",".join(_unique(hami_device_type(other.model) for other in excluded))
-    if stack == "hami":
-        return {USE_GPUTYPE: ",".join(use), NOUSE_GPUTYPE: nouse}
-    return {NOUSE_GPUTYPE: nouse}
-
-
-def _self_exclusion(
-    models: Sequence[str], excluded: Sequence[ClassModel], device_type: Callable[[str], str]
-) -> tuple[ClassModel, str] | None:
-    """Return a model to exclude and a model of the class that excluding it would exclude too."""
-    for other in excluded:
-        entry = hami_device_type(other.model).upper()
-        for model in models:
-            if entry in device_type(model).upper():
-                return other, model
-    return None
+    raise ModelConflict(
+        f"class {class_name!r} ({stack}) cannot be held to exactly its models: {overlap}; "
+        f"but nouse-gputype cannot exclude {clash!r} of class {known[clash]!r} "
+        f"without excluding {kept[clash]!r} of class {class_name!r} too, since GPU types match "
+        "by case-insensitive substring. Put those models in one class"
+    )
 
 
 def _matching_entry(entries: Iterable[str], device_type: str) -> str | None:

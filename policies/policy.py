@@ -19,6 +19,7 @@ from policies.models import (
     ClassModel,
     gputype_annotations,
     hami_device_type,
+    unexcluded,
 )
 
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -346,11 +347,32 @@ def policy_warnings(policy: Policy) -> list[str]:
                 f"class {name} ({backend}) lists neither `models` nor `gpuTypes`: its pods may "
                 f"land on any GPU model{note}; list the GPU models of the class under `models`"
             )
-        elif gpu_class.models and USE_GPUTYPE not in policy.backend_annotations(name):
-            warnings.append(
-                f"class {name} ({backend}): Volcano ignores nouse-gputype whenever "
-                "use-gputype is set, and use-gputype would also match another class's model, "
-                "so the class's pods get nouse-gputype alone, naming every other model of the "
-                "policy: they may also land on a GPU model that no class lists"
-            )
+        elif gpu_class.models:
+            warnings += _model_warnings(name, gpu_class, policy.backend_annotations(name))
+    return warnings
+
+
+def _model_warnings(
+    name: str, gpu_class: VirtualGpuClass, annotations: Mapping[str, str]
+) -> list[str]:
+    """Warn where a class's annotations are exact only among the GPU models gpuadm knows."""
+    backend = gpu_class.backend_name()
+    models = gpu_class.models or []
+    warnings = []
+    if USE_GPUTYPE not in annotations:
+        warnings.append(
+            f"class {name} ({backend}): Volcano ignores nouse-gputype whenever "
+            "use-gputype is set, and use-gputype would also match other GPU models, so the "
+            "class's pods get nouse-gputype alone, naming every other GPU model gpuadm knows "
+            "(the policy's and its catalogue's): they may also land on a GPU model that "
+            "gpuadm does not know"
+        )
+    leaks = unexcluded(models, annotations, stack=gpu_class.stack)
+    if leaks:
+        named = "; ".join(f"{gpu!r} ({why})" for gpu, why in leaks)
+        warnings.append(
+            f"class {name} ({backend}): its pods may also land on GPU models it does not list, "
+            f"since {STACK_NAMES[gpu_class.stack]} matches GPU types by case-insensitive "
+            f"substring: {named}. List them in the class if they belong to it"
+        )
     return warnings

@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, load_policy, plan, policy_warnings
+from policies.catalogue import GPU_NAMES
 from policies.models import dra_selector, gfd_product, hami_device_type, volcano_device_type
 from tests import device_matching
 from tests.builders import POLICY_YAML, pod
@@ -219,7 +220,7 @@ def test_each_class_selects_exactly_its_own_models(class_name: str) -> None:
             "a10",
             {
                 "nvidia.com/nouse-gputype": ",".join(
-                    hami_device_type(m) for m in MODELS if m != "NVIDIA A10"
+                    hami_device_type(m) for m in {*MODELS, *GPU_NAMES} if m != "NVIDIA A10"
                 )
             },
             id="volcano-nouse-alone-where-use-would-match-more",
@@ -230,8 +231,8 @@ def test_each_class_selects_exactly_its_own_models(class_name: str) -> None:
 def test_what_each_class_writes(class_name: str, expected: dict[str, str]) -> None:
     policy = policy_of(PARTITION)
     annotations = annotations_of(mutated_pod(policy, class_name)[0])
-    written = {k: v for k, v in annotations.items() if k.startswith("nvidia.com/")}
-    assert written == expected
+    written = {k: set(v.split(",")) for k, v in annotations.items() if k.startswith("nvidia.com/")}
+    assert written == {k: set(v.split(",")) for k, v in expected.items()}
 
 
 def impossible(classes: Mapping[str, tuple[str, Sequence[str]]]) -> bool:
@@ -328,10 +329,12 @@ def test_models_of_every_backend_are_kept_off() -> None:
         "  a10: {backend: hami, memory: 24Gi, models: [NVIDIA A10]}\n"
         "  a100: {backend: nvidia, models: [NVIDIA A100-SXM4-80GB]}\n"
     )
-    assert policy.backend_annotations("a10") == {
-        "nvidia.com/use-gputype": "NVIDIA A10",
-        "nvidia.com/nouse-gputype": "NVIDIA A100-SXM4-80GB",
-    }
+    annotations = policy.backend_annotations("a10")
+    assert annotations["nvidia.com/use-gputype"] == "NVIDIA A10"
+    # The other class's model first, then every catalogue name that `NVIDIA A10` is inside.
+    nouse = annotations["nvidia.com/nouse-gputype"].split(",")
+    assert nouse[0] == "NVIDIA A100-SXM4-80GB"
+    assert set(nouse) == {n for n in GPU_NAMES if "NVIDIA A10" in n and n != "NVIDIA A10"}
 
 
 def test_a_model_two_classes_share_is_not_excluded_from_either() -> None:
@@ -536,9 +539,9 @@ def test_warnings_name_classes_not_held_to_a_gpu_model() -> None:
 def test_a_volcano_class_on_nouse_alone_is_warned_about(policy: Policy) -> None:
     assert policy_warnings(policy) == [
         "class a10 (volcano): Volcano ignores nouse-gputype whenever use-gputype is set, and "
-        "use-gputype would also match another class's model, so the class's pods get "
-        "nouse-gputype alone, naming every other model of the policy: they may also land on "
-        "a GPU model that no class lists"
+        "use-gputype would also match other GPU models, so the class's pods get nouse-gputype "
+        "alone, naming every other GPU model gpuadm knows (the policy's and its "
+        "catalogue's): they may also land on a GPU model that gpuadm does not know"
     ]
 
 
