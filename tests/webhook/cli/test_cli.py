@@ -256,6 +256,23 @@ def test_check_config_warns_of_a_hami_class_without_models(
     assert "ok: 1 policy and 0 quota config(s) are valid" in out
 
 
+def test_check_config_names_a_known_gpu_a_class_cannot_keep_off(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `NVIDIA L4` is inside `NVIDIA L40`, which is inside `NVIDIA L40S`: no nouse-gputype
+    # entry keeps an L40 from this class without keeping its L40S off too.
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "classes:\n  ada:\n    backend: hami\n    memory: 24Gi\n"
+        "    models: [NVIDIA L4, NVIDIA L40S]\n"
+    )
+    assert main(["check-config", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert "warning: class ada (hami): its pods may also land on GPU models it does not list" in out
+    assert "'NVIDIA L40' (use-gputype entry 'NVIDIA L4' matches it" in out
+    assert "ok: 1 policy and 0 quota config(s) are valid" in out
+
+
 def test_review_into_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     # Far more output than a pipe buffers, so the writer meets the closed pipe.
     body = {
