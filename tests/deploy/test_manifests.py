@@ -28,6 +28,7 @@ import yaml
 from cel_expr_python import cel
 
 from policies import Denial, check_guard, load_policy
+from policies.guard import ALLOCATION_ANNOTATIONS
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import _default_resource_names
 from tests.builders import POLICY_YAML
@@ -1019,13 +1020,36 @@ def test_create_reaches_both_webhooks_for_gpu_access_outside_resources(
         pytest.param("/dev/./nvidia0", True, id="dot-segment"),
         pytest.param("/./dev/nvidia0/", True, id="leading-dot"),
         pytest.param("dev/nvidia0", True, id="relative"),
-        pytest.param("/dev", False, id="dev"),
         pytest.param("/dev/null", False, id="dev-null"),
         pytest.param("/dev/nvme0n1", False, id="nvme"),
         pytest.param("/devices/nvidia0", False, id="devices"),
         pytest.param("/var/lib/nvidia", False, id="elsewhere"),
         pytest.param("/home/dev/nvidia0", False, id="dev-deeper-down"),
-        pytest.param("/", False, id="root"),
+        # The directories that hold the device files among others (guard.deviceDirHostPath).
+        pytest.param("/dev", True, id="dev"),
+        pytest.param("/", True, id="root"),
+        pytest.param("//", True, id="root-doubled"),
+        pytest.param("/.", True, id="root-dot"),
+        pytest.param("/dev/", True, id="dev-trailing-slash"),
+        pytest.param("/dev/char", True, id="char-device-links"),
+        pytest.param("/dev/char/195:0", True, id="one-char-device-link"),
+        pytest.param("//dev/./char/", True, id="char-spelt-oddly"),
+        pytest.param("dev/char", True, id="char-relative"),
+        pytest.param("/run", True, id="run"),
+        pytest.param("/var/run", True, id="var-run"),
+        pytest.param("/run/nvidia", True, id="run-nvidia"),
+        pytest.param("/run/nvidia/driver", True, id="driver-root"),
+        pytest.param("/run/nvidia/driver/dev", True, id="driver-root-devices"),
+        pytest.param("/var/run/nvidia/driver/dev/nvidia0", True, id="driver-root-gpu"),
+        pytest.param("/run/nvidia//driver/./dev/", True, id="driver-root-spelt-oddly"),
+        pytest.param("/dev/charlie", False, id="charlie"),
+        pytest.param("/dev.", False, id="dev-dot-name"),
+        pytest.param("/var", False, id="var"),
+        pytest.param("/var/run/docker.sock", False, id="docker-socket"),
+        pytest.param("/run/containerd", False, id="containerd"),
+        pytest.param("/run/nvidia/driver/usr/lib", False, id="driver-libraries"),
+        pytest.param("/run/nvidia-persistenced", False, id="persistenced"),
+        pytest.param("/home/dev/char", False, id="char-deeper-down"),
     ],
 )
 def test_host_paths_under_dev_nvidia_reach_both_webhooks(
@@ -1034,6 +1058,37 @@ def test_host_paths_under_dev_nvidia_reach_both_webhooks(
     body = host_path(path)
     # The CEL and the guard agree on every spelling the apiserver accepts (it refuses `..`).
     assert denied_by_guard(body) is expected
+    for webhook in webhooks:
+        assert sent_to_webhook(webhook, "CREATE", body, None) is expected
+
+
+def mounting(path: str) -> Obj:
+    app = {**container(limits={"cpu": "1"}), "name": "app"}
+    app["volumeMounts"] = [{"name": "null", "mountPath": path}]
+    return with_spec(
+        CPU_ONLY, containers=[app], volumes=[{"name": "null", "hostPath": {"path": "/dev/null"}}]
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "expected"),
+    [
+        pytest.param("/var/run/nvidia-container-devices/all", True, id="all"),
+        pytest.param("/var/run/nvidia-container-devices", True, id="the-directory"),
+        pytest.param("//var/run/./nvidia-container-devices/0", True, id="spelt-oddly"),
+        pytest.param("/var/lib/../run/nvidia-container-devices/0", True, id="backstep"),
+        pytest.param("/var/run/nvidia-container-devicesall", True, id="no-separator"),
+        # Sent but allowed: the CEL sends every path that names the directory.
+        pytest.param("/run/nvidia-container-devices/all", True, id="run"),
+        pytest.param("/var/run/secrets", False, id="elsewhere"),
+    ],
+)
+def test_mounts_under_the_device_list_directory_reach_both_webhooks(
+    path: str, expected: bool, webhooks: tuple[Obj, Obj]
+) -> None:
+    body = mounting(path)
+    if denied_by_guard(body):
+        assert expected
     for webhook in webhooks:
         assert sent_to_webhook(webhook, "CREATE", body, None) is expected
 
@@ -1062,6 +1117,16 @@ def debugged(stored: Obj, *added: Obj) -> Obj:
             id="privileged-without-gpus",
         ),
         pytest.param(CPU_ONLY, {"name": "debug", "image": "busybox"}, False, id="plain-debug"),
+        pytest.param(
+            CPU_ONLY,
+            {
+                "name": "debug",
+                "image": "busybox",
+                "volumeMounts": [{"name": "v", "mountPath": "/var/run/nvidia-container-devices/0"}],
+            },
+            True,
+            id="device-list-mount",
+        ),
     ],
 )
 def test_ephemeral_containers_reach_the_validating_webhook_when_they_concern_gpuadm(
@@ -1180,3 +1245,16 @@ def test_client_auth_is_on_exactly_where_asked_for(render: Render, name: str) ->
     (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "client-ca"]
     assert volume["configMap"]["name"] == "gpuadm-client-ca"
     assert ca_file.name == "ca.crt"
+
+
+@pytest.mark.parametrize("key", ALLOCATION_ANNOTATIONS)
+def test_updates_of_allocation_annotations_reach_the_validating_webhook(
+    key: str, webhooks: tuple[Obj, Obj]
+) -> None:
+    _, validating = webhooks
+    annotated = pod(container(), annotations={key: "GPU-1,NVIDIA,8192,10:;"})
+    plain = pod(container(), annotations={"team": "vision"})
+    assert sent_to_webhook(validating, "UPDATE", annotated, plain) is True  # added
+    assert sent_to_webhook(validating, "UPDATE", plain, annotated) is True  # removed
+    changed = pod(container(), annotations={key: "GPU-1,NVIDIA,81920,100:;"})
+    assert sent_to_webhook(validating, "UPDATE", changed, annotated) is True

@@ -62,8 +62,10 @@ apiserver at install time.
 CEL, true when a pod concerns gpuadm: any container or init container names a GPU resource in
 its limits or requests (a key under one of the prefixes, or one of the names, built from
 gpuResources and policy.domain so that the list lives in values.yaml only), or the pod reaches
-GPUs another way that the policy's guard denies: NVIDIA_VISIBLE_DEVICES in any container, or a
-hostPath under /dev/nvidia however spelt (policies/guard.py).
+GPUs another way that the policy's guard denies: NVIDIA_VISIBLE_DEVICES in any container, a
+mount whose path names nvidia-container-devices, or a hostPath under /dev/nvidia or of a
+directory that holds the device files (/dev/char, /run/nvidia/driver/dev, a directory above
+them) however spelt (policies/guard.py).
 */}}
 {{- define "gpuadm.concernsGpuadm" -}}
 {{- $prefixes := concat (list (printf "%s/" (include "gpuadm.domain" .))) .Values.gpuResources.prefixes .Values.gpuResources.extraPrefixes | uniq -}}
@@ -93,9 +95,19 @@ object != null && has(object.spec) && (
   ).exists(c, has(c.env) && c.env.exists(e,
     has(e.name) && e.name == 'NVIDIA_VISIBLE_DEVICES'
   )) ||
+  (
+    (has(object.spec.containers) ? object.spec.containers : []) +
+    (has(object.spec.initContainers) ? object.spec.initContainers : []) +
+    (has(object.spec.ephemeralContainers) ? object.spec.ephemeralContainers : [])
+  ).exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m,
+    has(m.mountPath) && m.mountPath.contains('nvidia-container-devices')
+  )) ||
   (has(object.spec.volumes) ? object.spec.volumes : []).exists(v,
     has(v.hostPath) && has(v.hostPath.path) &&
-    v.hostPath.path.matches('^(\\.?/+)*dev/+(\\.?/+)*nvidia')
+    (
+      v.hostPath.path.matches('^(\\.?/+)*dev/+(\\.?/+)*nvidia') ||
+      v.hostPath.path.matches('^(\\.?/+)*(\\.?|(dev(/+(\\.?/+)*char(/.*)?)?|(var/+(\\.?/+)*)?run(/+(\\.?/+)*nvidia(/+(\\.?/+)*driver(/+(\\.?/+)*dev(/.*)?)?)?)?)(/+\\.?)*)$')
+    )
   )
 )
 {{- end }}
@@ -103,7 +115,9 @@ object != null && has(object.spec) && (
 {{/*
 CEL, true when the old or the new pod has a label or annotation under policy.domain, or one
 of the annotations with which a pod chooses its devices (DEVICE_CHOICE_ANNOTATIONS in
-policies/models.py): only gpuadm writes them.
+policies/models.py): only gpuadm writes them; or one of those with which HAMi's and Volcano's
+schedulers tell their device plugins what to allocate (ALLOCATION_ANNOTATIONS in
+policies/guard.py): only the GPU stack writes them.
 */}}
 {{- define "gpuadm.touchesGpuadmKeys" -}}
 {{- $prefix := printf "%s/" (include "gpuadm.domain" .) | squote -}}
@@ -117,7 +131,20 @@ policies/models.py): only gpuadm writes them.
       'nvidia.com/use-gpuuuid',
       'nvidia.com/nouse-gpuuuid',
       'nvidia.com/vgpu-mode',
-      'volcano.sh/vgpu-mode'
+      'volcano.sh/vgpu-mode',
+      'hami.io/vgpu-devices-to-allocate',
+      'hami.io/vgpu-devices-allocated',
+      'hami.io/vgpu-mig-allocations',
+      'hami.io/vgpu-node',
+      'hami.io/vgpu-time',
+      'hami.io/bind-phase',
+      'hami.io/bind-time',
+      'volcano.sh/devices-to-allocate',
+      'volcano.sh/vgpu-ids-new',
+      'volcano.sh/vgpu-node',
+      'volcano.sh/vgpu-time',
+      'volcano.sh/bind-phase',
+      'volcano.sh/bind-time'
     ]
   )) ||
   (has(o.spec) && has(o.spec.schedulingGates) && o.spec.schedulingGates.exists(g,
