@@ -91,6 +91,34 @@ def main(pod: Pod) -> Pod:
             "env GPU_CORE_UTILIZATION_POLICY=disable may lift Volcano's core limit",
             id="volcano-core-limit-lifted",
         ),
+        pytest.param(
+            {"cpu": "100m"},
+            lambda pod: (
+                pod["spec"].update(volumes=[{"name": "null", "hostPath": {"path": "/dev/null"}}]),
+                main(pod).update(
+                    volumeMounts=[
+                        {"name": "null", "mountPath": "/var/run/nvidia-container-devices/all"}
+                    ]
+                ),
+            ),
+            'container "main": volumeMounts[0].mountPath=/var/run/nvidia-container-devices/all '
+            "names GPUs",
+            id="device-list-mount-without-gpu-resources",
+        ),
+        pytest.param(
+            {"cpu": "100m"},
+            lambda pod: pod["spec"].update(
+                volumes=[{"name": "links", "hostPath": {"path": "//dev/./char/"}}]
+            ),
+            'volume "links": volumes[0].hostPath.path=//dev/./char/ holds the node\'s GPU device',
+            id="char-device-links",
+        ),
+        pytest.param(
+            {"gpuadm.io/a100": "0.01"},
+            lambda pod: main(pod).update(envFrom=[{"configMapRef": {"name": "settings"}}]),
+            'container "main": envFrom[0] (ConfigMap settings) may set HAMi\'s limiter',
+            id="hami-env-from",
+        ),
     ],
 )
 def test_gpu_access_outside_resources_is_refused(
@@ -194,3 +222,19 @@ def test_a_device_choice_annotation_cannot_be_added_later(
     )
     assert message.startswith(VALIDATE_DENIED), message
     assert "annotation nvidia.com/use-gpuuuid may be set by gpuadm only" in message
+
+
+def test_an_allocation_annotation_cannot_be_changed_by_a_tenant(
+    gpuadm: Deployment, namespace: str
+) -> None:
+    pod = create(gpuadm, namespace, body({"cpu": "100m"}))
+    patch = {
+        "metadata": {"annotations": {"hami.io/vgpu-devices-to-allocate": "GPU-0,NVIDIA,1,1:;"}}
+    }
+    message = refused(
+        lambda: gpuadm.core.patch_namespaced_pod(pod["metadata"]["name"], namespace, patch)
+    )
+    assert message.startswith(VALIDATE_DENIED), message
+    assert "annotation hami.io/vgpu-devices-to-allocate may be changed only by the GPU stack" in (
+        message
+    )
