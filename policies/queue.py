@@ -107,7 +107,8 @@ def waiting_pod(pod: Mapping[str, Any], class_name: str, charge: Fraction) -> Wa
 
 
 def in_line_order(line: Iterable[Waiting]) -> list[Waiting]:
-    """Return the pods in the order they are released."""
+    """Return the pods in the order they are released (the reference order: the index of a
+    namespace's line, policies/line.py, keeps its pods in this order as they come and go)."""
     return sorted(line, key=Waiting.order)
 
 
@@ -143,6 +144,9 @@ def next_releases(
 
     Each released pod is counted before the next is judged, so the released pods fit
     together. A pod that does not fit blocks the limits it exceeded for every pod behind it.
+
+    This visits and sorts the whole line: it is the reference that `policies.line.Line`, the
+    index the ledger and the leader use, is tested against.
     """
     used = dict(in_use)
     blocked: dict[str, str] = {}  # a full limit -> why the pods behind wait
@@ -174,15 +178,16 @@ def next_releases(
                 continue
             reason = verdict.message or "quota exceeded"
             for key in verdict.exceeded:
-                blocked[key] = _behind(namespace, key, used, limits)
+                blocked[key] = held_for_ahead(namespace, key, used, limits)
         waiting.append(Place(pod, ahead, reason))
         waiting_by_class[pod.class_name] = waiting_by_class.get(pod.class_name, 0) + 1
     return LineOutcome(tuple(released), tuple(waiting))
 
 
-def _behind(
+def held_for_ahead(
     namespace: str, key: str, used: Mapping[str, Fraction], limits: Mapping[str, Fraction]
 ) -> str:
+    """Say why a pod waits behind one that does not fit under the same limit `key`."""
     held = used.get(key, Fraction(0)) if key != ALL_CLASSES else sum(used.values(), Fraction(0))
     label = key if key != ALL_CLASSES else f'all classes ("{ALL_CLASSES}")'
     return (

@@ -1,0 +1,350 @@
+"""A namespace's line of waiting pods as an index kept up to date, not a list sorted per use.
+
+`policies.queue.next_releases` decides a line by sorting it and visiting every pod: fine for
+a few pods, but an admission in a namespace with 20,000 pods waiting paid for all of them.
+`Line` keeps the same pods, per class, in sorted lists (by priority, creation time, name,
+as `Waiting.order`), changed one pod at a time as the pod watch shows them come and go. What
+a judgement needs of it is answered by `walk`, which visits only the pods that can change
+the answer, with exactly the semantics of `next_releases`:
+
+- a pod that can never fit (it asks for more than a whole limit) holds back no one, so it is
+  never visited: each class keeps those apart (`never`), sorted too, and counted by bisection;
+- once a pod does not fit, every later pod of its class waits behind it, so the walk drops the
+  class; once the cap across classes (`*`) is exceeded, everyone waits, and the walk ends;
+- so a walk visits, per class, the pods that fit now (those the leader has yet to release)
+  and at most one that does not, plus the pods left out as charged already (`excluded`).
+
+How many wait ahead of a pod is a count of the pods before it (a bisection per class) less
+those the walk released. In the steady state (the leader has released whatever fits), an
+admission costs O(k log n) for k classes and n waiting pods. Adding or removing a pod is a
+bisection and one list insertion (a memory move of the list's pointers).
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import bisect_left, bisect_right, insort
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+
+from policies.judge import judge, never_fits
+from policies.queue import Place, Waiting, held_for_ahead
+from policies.quotas import ALL_CLASSES, limits_on
+
+# (-priority, created, name, uid): line order, the uid telling apart pods of one name.
+Key = tuple[int, str, str, str]
+Order = tuple[int, str, str]
+# Sorts after any uid: (order, _LAST) bounds every key of that order from above.
+_LAST = "\U0010ffff"
+
+
+def key_of(pod: Waiting) -> Key:
+    """Return a pod's place in the index: its line order, then its uid."""
+    return (-pod.priority, pod.created, pod.name, pod.uid)
+
+
+def _cap(class_name: str, limits: Mapping[str, Fraction]) -> Fraction | None:
+    """Return the most a pod of the class may ask for and still fit some day (None: any)."""
+    caps = [limits[key] for key in limits_on(class_name, limits)]
+    return min(caps) if caps else None
+
+
+class _ClassLine:
+    """The waiting pods of one class: those that may fit some day, and those that never can
+    under the limits last used (`cap`), each sorted in line order."""
+
+    __slots__ = ("cap", "fit", "never", "oldest")
+
+    def __init__(self) -> None:
+        self.cap: Fraction | None = None
+        self.fit: list[Key] = []
+        self.never: list[Key] = []
+        # (created, uid), sorted: the longest wait of the class, for the metrics.
+        self.oldest: list[tuple[str, str]] = []
+
+    def __len__(self) -> int:
+        return len(self.fit) + len(self.never)
+
+
+@dataclass(frozen=True, slots=True)
+class Walk:
+    """What a walk from the head of a line decided about the pods it passed."""
+
+    released: tuple[Waiting, ...]
+    # What the namespace holds once they are released.
+    used: Mapping[str, Fraction]
+    # The limits a pod passed does not fit, and why those behind it wait.
+    blocked: Mapping[str, str]
+    # False when the walk stopped at its `most` releases: more pods may fit.
+    complete: bool
+
+
+class Line:
+    """The pods of one namespace waiting in line, in line order, kept up to date."""
+
+    def __init__(self, pods: Iterable[Waiting] = ()) -> None:
+        self._pods: dict[str, Waiting] = {}
+        self._classes: dict[str, _ClassLine] = {}
+        for pod in pods:  # built sorted at once, not inserted one by one
+            self._pods[pod.uid] = pod
+        for pod in self._pods.values():
+            entry = self._classes.setdefault(pod.class_name, _ClassLine())
+            entry.fit.append(key_of(pod))
+            entry.oldest.append((pod.created, pod.uid))
+        for entry in self._classes.values():
+            entry.fit.sort()
+            entry.oldest.sort()
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def __contains__(self, uid: object) -> bool:
+        return uid in self._pods
+
+    def get(self, uid: str) -> Waiting | None:
+        """Return the waiting pod of this uid, or None."""
+        return self._pods.get(uid)
+
+    def add(self, pod: Waiting) -> None:
+        """Put a pod in line (replacing what was known of it)."""
+        if pod.uid in self._pods:
+            self.remove(pod.uid)
+        self._pods[pod.uid] = pod
+        entry = self._classes.setdefault(pod.class_name, _ClassLine())
+        cap = entry.cap
+        insort(entry.never if cap is not None and pod.charge > cap else entry.fit, key_of(pod))
+        insort(entry.oldest, (pod.created, pod.uid))
+
+    def remove(self, uid: str) -> None:
+        """Take a pod out of line, if it is in it."""
+        pod = self._pods.pop(uid, None)
+        if pod is None:
+            return
+        entry = self._classes[pod.class_name]
+        key = key_of(pod)
+        for keys in (entry.fit, entry.never):
+            at = bisect_left(keys, key)
+            if at < len(keys) and keys[at] == key:
+                del keys[at]
+                break
+        at = bisect_left(entry.oldest, (pod.created, pod.uid))
+        del entry.oldest[at]
+        if not entry:
+            del self._classes[pod.class_name]
+
+    def ordered(self) -> Iterator[Waiting]:
+        """Yield the pods in line order."""
+        lists = [keys for entry in self._classes.values() for keys in (entry.fit, entry.never)]
+        for key in heapq.merge(*lists):
+            yield self._pods[key[3]]
+
+    def after(self, order: Key | None, count: int) -> list[Waiting]:
+        """Return up to `count` pods in line order from just after `order` (None: the head)."""
+        found: list[Waiting] = []
+        for key in heapq.merge(*self._from(order)):
+            found.append(self._pods[key[3]])
+            if len(found) == count:
+                break
+        return found
+
+    def _from(self, order: Key | None) -> list[Iterator[Key]]:
+        iterators = []
+        for entry in self._classes.values():
+            for keys in (entry.fit, entry.never):
+                start = 0 if order is None else bisect_right(keys, order)
+                iterators.append(iter(keys[start:]))
+        return iterators
+
+    def by_class(self) -> dict[str, tuple[int, str]]:
+        """Return, per class, how many pods wait and the creation time of the oldest."""
+        return {name: (len(e), e.oldest[0][0]) for name, e in self._classes.items()}
+
+    def present(self, uids: Iterable[str]) -> set[str]:
+        """Return those of `uids` that are in line."""
+        pods = self._pods
+        return {uid for uid in uids if uid in pods}
+
+    def walk(
+        self,
+        namespace: str,
+        in_use: Mapping[str, Fraction],
+        limits: Mapping[str, Fraction],
+        *,
+        excluded: Collection[str] = (),
+        extras: Sequence[Waiting] = (),
+        until: Order | None = None,
+        most: int | None = None,
+    ) -> Walk:
+        """Decide the line from its head as `next_releases` would, visiting only the pods
+        that may change what it decides.
+
+        `excluded`: pods of the line left out (charged already). `extras`: pods not in the
+        index that join the line, after any of the index's pods of the same order. `until`:
+        stop after the pods of this order. `most`: stop after releasing this many.
+        """
+        self._sort_for(limits)
+        used = dict(in_use)
+        blocked: dict[str, str] = {}
+        released: list[Waiting] = []
+        bound = None if until is None else (*until, _LAST)
+        # Heap entries: (order, source rank, tie-break, source); sources are the classes'
+        # lists of pods that may fit (rank 0), then the extras (rank 1 and after).
+        heap: list[tuple[Order, int, str, int]] = []
+        cursors: list[tuple[list[Key], int]] = []
+        for entry in self._classes.values():
+            if entry.fit:
+                cursors.append((entry.fit, 0))
+                self._push(heap, cursors, len(cursors) - 1, bound)
+        ordered_extras = sorted(extras, key=Waiting.order)
+        for rank, pod in enumerate(ordered_extras, start=1):
+            if until is None or pod.order() <= until:
+                heap.append((pod.order(), rank, "", -rank))
+        heapq.heapify(heap)
+        complete = True
+        while heap:
+            _, rank, uid, source = heapq.heappop(heap)
+            if rank == 0:
+                pod = self._pods[uid]
+                keys, at = cursors[source]
+                cursors[source] = (keys, at + 1)
+                if uid in excluded:
+                    self._push(heap, cursors, source, bound)
+                    continue
+            else:
+                pod = ordered_extras[rank - 1]
+            keys_of_pod = limits_on(pod.class_name, limits)
+            if any(key in blocked for key in keys_of_pod):
+                continue  # its class waits behind a pod that does not fit: drop the class
+            if rank > 0 and never_fits(
+                namespace=namespace, class_name=pod.class_name, requested=pod.charge, limits=limits
+            ):
+                continue
+            verdict = judge(
+                namespace=namespace,
+                class_name=pod.class_name,
+                requested=pod.charge,
+                in_use=used,
+                limits=limits,
+            )
+            if verdict.allowed:
+                released.append(pod)
+                used[pod.class_name] = used.get(pod.class_name, Fraction(0)) + pod.charge
+                if most is not None and len(released) >= most:
+                    complete = False
+                    break
+            else:
+                for key in verdict.exceeded:
+                    blocked[key] = held_for_ahead(namespace, key, used, limits)
+                if ALL_CLASSES in blocked:
+                    break  # every pod counts against the cap: all wait now
+            if rank == 0 and not any(key in blocked for key in keys_of_pod):
+                self._push(heap, cursors, source, bound)
+        return Walk(tuple(released), used, blocked, complete)
+
+    def _push(
+        self,
+        heap: list[tuple[Order, int, str, int]],
+        cursors: list[tuple[list[Key], int]],
+        source: int,
+        bound: Key | None,
+    ) -> None:
+        keys, at = cursors[source]
+        if at < len(keys) and (bound is None or keys[at] < bound):
+            key = keys[at]
+            heapq.heappush(heap, ((key[0], key[1], key[2]), 0, key[3], source))
+
+    def place(
+        self,
+        namespace: str,
+        pod: Waiting,
+        in_use: Mapping[str, Fraction],
+        limits: Mapping[str, Fraction],
+        *,
+        excluded: Collection[str] = (),
+        extras: Sequence[Waiting] = (),
+    ) -> Place | None:
+        """Return where `pod` stands if it joins the line after the pods of its order (or
+        stands where it is, if it is in line): None if a pass would release it now, else its
+        place, as `next_releases` would say. `excluded` must hold only pods of the line
+        (`present`): they are counted out one by one."""
+        order = pod.order()
+        walked = self.walk(
+            namespace,
+            in_use,
+            limits,
+            excluded=_Either(excluded, pod.uid),
+            extras=extras,
+            until=order,
+        )
+        keys = limits_on(pod.class_name, limits)
+        never = never_fits(
+            namespace=namespace, class_name=pod.class_name, requested=pod.charge, limits=limits
+        )
+        stuck = next((walked.blocked[k] for k in keys if k in walked.blocked), None)
+        if never is not None:
+            reason = f"{never}; it waits until the limit grows"
+        elif stuck is not None:
+            reason = stuck
+        else:
+            verdict = judge(
+                namespace=namespace,
+                class_name=pod.class_name,
+                requested=pod.charge,
+                in_use=walked.used,
+                limits=limits,
+            )
+            if verdict.allowed:
+                return None
+            reason = verdict.message or "quota exceeded"
+        everyone = ALL_CLASSES in limits
+
+        def counts(other: Waiting) -> bool:
+            return everyone or other.class_name == pod.class_name
+
+        bound = (*order, _LAST)
+        entries = self._classes.values() if everyone else [self._classes.get(pod.class_name)]
+        ahead = sum(bisect_left(e.fit, bound) + bisect_left(e.never, bound) for e in entries if e)
+        # The pods of the index left out, and the pod itself if it is in line, are not ahead.
+        for uid in _Either(excluded, pod.uid):
+            other = self._pods.get(uid)
+            if other is not None and counts(other) and other.order() <= order:
+                ahead -= 1
+        ahead += sum(1 for other in extras if counts(other) and other.order() <= order)
+        ahead -= sum(1 for other in walked.released if counts(other))
+        return Place(pod, ahead, reason)
+
+    def _sort_for(self, limits: Mapping[str, Fraction]) -> None:
+        """Put apart, in each class, the pods that can never fit under these limits (a pass
+        over a class only when its limits changed)."""
+        for name, entry in self._classes.items():
+            cap = _cap(name, limits)
+            if cap == entry.cap:
+                continue
+            entry.cap = cap
+            both = list(heapq.merge(entry.fit, entry.never))
+            entry.fit, entry.never = [], []
+            for key in both:
+                never = cap is not None and self._pods[key[3]].charge > cap
+                (entry.never if never else entry.fit).append(key)
+
+
+class _Either:
+    """`uid in excluded or uid == one`, without copying `excluded`."""
+
+    __slots__ = ("excluded", "one")
+
+    def __init__(self, excluded: Collection[str], one: str) -> None:
+        self.excluded = excluded
+        self.one = one
+
+    def __contains__(self, uid: object) -> bool:
+        return uid == self.one or uid in self.excluded
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self.excluded
+        if self.one not in self.excluded:
+            yield self.one
+
+    def __len__(self) -> int:
+        return len(self.excluded) + 1

@@ -1,0 +1,138 @@
+"""The index of a line (policies/line.py) against the reference, `next_releases`'s sort."""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.line import Line, key_of
+from policies.queue import Waiting, in_line_order, next_releases
+from policies.quotas import ALL_CLASSES
+
+CLASSES = ["a100", "t4", "h100"]
+
+
+def waiting(name: str, class_name: str, charge: F, priority: int, second: int) -> Waiting:
+    return Waiting(
+        uid=f"uid-{name}",
+        namespace="team-q",
+        name=name,
+        class_name=class_name,
+        charge=charge,
+        priority=priority,
+        created=f"2026-01-01T00:00:{second:02d}Z",
+    )
+
+
+pods = st.lists(
+    st.tuples(
+        st.sampled_from(CLASSES),
+        st.integers(min_value=1, max_value=30).map(lambda tenths: F(tenths, 10)),
+        st.integers(min_value=-1, max_value=2),
+        st.integers(min_value=0, max_value=5),
+    ),
+    max_size=25,
+)
+limit_sets = st.dictionaries(
+    st.sampled_from(["a100", "t4", ALL_CLASSES]),
+    st.integers(min_value=0, max_value=40).map(lambda tenths: F(tenths, 10)),
+)
+usages = st.dictionaries(
+    st.sampled_from(CLASSES),
+    st.integers(min_value=0, max_value=20).map(lambda tenths: F(tenths, 10)),
+)
+
+
+def build(drawn: list[tuple[str, F, int, int]], prefix: str) -> list[Waiting]:
+    return [waiting(f"{prefix}{i:02d}", *each) for i, each in enumerate(drawn)]
+
+
+@settings(max_examples=400)
+@given(
+    pods,
+    pods,
+    usages,
+    limit_sets,
+    st.sets(st.integers(min_value=0, max_value=24)),
+    st.data(),
+)
+def test_a_place_in_the_index_is_the_place_the_sort_gives(
+    indexed: list[tuple[str, F, int, int]],
+    extra: list[tuple[str, F, int, int]],
+    in_use: dict[str, F],
+    limits: dict[str, F],
+    left_out: set[int],
+    data: st.DataObject,
+) -> None:
+    line_pods = build(indexed, "p")
+    extras = build(extra[:4], "x")
+    index = Line(line_pods[: len(line_pods) // 2])
+    for pod in line_pods[len(line_pods) // 2 :]:  # some built at once, some added one by one
+        index.add(pod)
+    excluded = {line_pods[i].uid for i in left_out if i < len(line_pods)}
+    # The index sorted for other limits before (a quota change) answers for these ones.
+    index.walk("team-q", in_use, data.draw(limit_sets))
+    # The pod asked about: a new one, or one of the line.
+    if line_pods and data.draw(st.booleans()):
+        me = data.draw(st.sampled_from(line_pods))
+    else:
+        me = waiting("me", *data.draw(pods.filter(bool))[0])
+    rest = [p for p in line_pods if p.uid not in excluded and p.uid != me.uid]
+    expected = next_releases("team-q", [*rest, *extras, me], in_use, limits)
+    place = index.place("team-q", me, in_use, limits, excluded=excluded, extras=extras)
+    if any(p.uid == me.uid for p in expected.released):
+        assert place is None
+    else:
+        (wanted,) = [p for p in expected.waiting if p.pod.uid == me.uid]
+        assert place == wanted
+
+
+@settings(max_examples=300)
+@given(pods, usages, limit_sets, st.sets(st.integers(min_value=0, max_value=24)), st.data())
+def test_a_walk_releases_what_the_sort_releases_and_stops_at_its_bound(
+    indexed: list[tuple[str, F, int, int]],
+    in_use: dict[str, F],
+    limits: dict[str, F],
+    left_out: set[int],
+    data: st.DataObject,
+) -> None:
+    line_pods = build(indexed, "p")
+    index = Line(line_pods)
+    excluded = {line_pods[i].uid for i in left_out if i < len(line_pods)}
+    expected = next_releases(
+        "team-q", [p for p in line_pods if p.uid not in excluded], in_use, limits
+    )
+    walked = index.walk("team-q", in_use, limits, excluded=excluded)
+    assert walked.released == expected.released
+    assert walked.complete
+    most = data.draw(st.integers(min_value=1, max_value=5))
+    bounded = index.walk("team-q", in_use, limits, excluded=excluded, most=most)
+    assert bounded.released == expected.released[:most]
+    # Stopped at its bound, it says more may fit; else it went as far as the sort.
+    assert bounded.complete is (len(expected.released) < most)
+
+
+@given(pods, st.data())
+def test_the_index_keeps_line_order_as_pods_come_and_go(
+    drawn: list[tuple[str, F, int, int]], data: st.DataObject
+) -> None:
+    line_pods = build(drawn, "p")
+    index = Line()
+    for pod in line_pods:
+        index.add(pod)
+    gone = data.draw(st.sets(st.sampled_from(line_pods))) if line_pods else set()
+    for pod in gone:
+        index.remove(pod.uid)
+    index.remove("uid-absent")
+    kept = [p for p in line_pods if p not in gone]
+    assert list(index.ordered()) == in_line_order(kept)
+    assert len(index) == len(kept)
+    assert all(p.uid in index for p in kept)
+    assert not any(p.uid in index for p in gone)
+    # Walking from a cursor gives the rest of the line in order.
+    order = in_line_order(kept)
+    for at in range(len(order)):
+        assert index.after(key_of(order[at]), 3) == order[at + 1 : at + 4]
+    assert index.after(None, 2) == order[:2]
