@@ -4,21 +4,32 @@ when it was released. `kubectl describe pod` shows them; `kubectl get events` li
 Each pod has one waiting Event, updated in place (its count grows) when what it says
 changes, at most every `min_interval` seconds per pod, and every half hour so that it does
 not expire while the pod waits. A long line costs one object per pod, not one per pass.
+
+The Events are written off the release path, by `EventWriter`: a task of its own (leader
+only, supervised like every loop) that releasing only wakes. Its work is bounded: what is
+pending is a cursor per namespace whose line changed (not a list of pods), and the pods
+released, at most `queue_max`; each pod's place is found when its Event is about to be
+written, so updates coalesce; namespaces take turns, `batch` pods each; a namespace's line is
+swept at most every `sweep_every` seconds; and writes go at most `rate` a second.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from policies.line import Key, key_of
 from policies.quantity import format_amount
 from policies.queue import Place, Waiting
 from webhook.kube.client import EVENT_MESSAGE_MAX
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
+from webhook.quota.usage import UsageIndex
 
 log = logging.getLogger("gpuadm.events")
 
@@ -27,6 +38,12 @@ RELEASED = "GPUQuotaReleased"
 MIN_INTERVAL_SECONDS = 5.0
 # Events expire an hour after their last write by default (the apiserver's --event-ttl).
 REFRESH_SECONDS = 1800.0
+# The writer's bounds: Event writes a second, pods placed per namespace per turn, released
+# pods waiting to be told, and how often what was said to pods gone from line is forgotten.
+WRITES_PER_SECOND = 20.0
+BATCH = 50
+QUEUE_MAX = 1000
+FORGET_SECONDS = 60.0
 
 
 def _now() -> str:
@@ -60,28 +77,42 @@ class PodEvents:
 
     async def waiting(self, places: Iterable[Place]) -> None:
         """Tell each waiting pod what it waits for, if that changed."""
-        now = self.clock()
         for place in places:
-            said = self._said.get(place.pod.uid)
-            message = place.message()
-            # At most one write per pod every `min_interval` (the reason holds live numbers),
-            # and an unchanged Event is written again before the apiserver lets it expire.
-            if said is not None and (
-                now - said[2] < self.min_interval
-                or (said[1] == message and now - said[2] < REFRESH_SECONDS)
-            ):
-                continue
-            if await self._write(place.pod, WAITING, message):
-                self._said[place.pod.uid] = (place.reason, message, now)
+            await self.waiting_one(place)
 
-    async def released(self, pod: Waiting) -> None:
-        """Tell a pod that was told it waits that it was released, and what it was charged.
+    def due(self, place: Place) -> bool:
+        """Tell whether the pod's Event is to be written: what it says changed (at most every
+        `min_interval`), or it is about to expire."""
+        said = self._said.get(place.pod.uid)
+        if said is None:
+            return True
+        age = self.clock() - said[2]
+        return age >= self.min_interval and (said[1] != place.message() or age >= REFRESH_SECONDS)
+
+    async def waiting_one(self, place: Place) -> bool:
+        """Tell a waiting pod what it waits for, if that is due; return whether it wrote."""
+        # At most one write per pod every `min_interval` (the reason holds live numbers),
+        # and an unchanged Event is written again before the apiserver lets it expire.
+        if not self.due(place):
+            return False
+        message = place.message()
+        if await self._write(place.pod, WAITING, message):
+            self._said[place.pod.uid] = (place.reason, message, self.clock())
+        return True
+
+    def told(self, uid: str) -> bool:
+        """Tell whether this pod was told that it waits."""
+        return uid in self._said
+
+    async def released(self, pod: Waiting) -> bool:
+        """Tell a pod that was told it waits that it was released, and what it was charged;
+        return whether it wrote.
 
         A pod charged when it was created (its gate removed at once) waited for no one, and
         is told nothing.
         """
         if pod.uid not in self._said:
-            return
+            return False
         await self._write(
             pod,
             RELEASED,
@@ -90,10 +121,11 @@ class PodEvents:
             "and the scheduling gate removed",
         )
         self._said.pop(pod.uid, None)
+        return True
 
-    def forget_all_but(self, uids: set[str]) -> None:
+    def forget_all_but(self, waiting: Callable[[str], bool]) -> None:
         """Forget what was said to pods no longer in line."""
-        self._said = {uid: said for uid, said in self._said.items() if uid in uids}
+        self._said = {uid: said for uid, said in self._said.items() if waiting(uid)}
 
     async def _write(self, pod: Waiting, reason: str, message: str) -> bool:
         name = event_name(pod, reason)
@@ -144,3 +176,137 @@ class PodEvents:
             "lastTimestamp": now,
             "count": 1,
         }
+
+
+class EventWriter:
+    """Writes the Events of the pods in line, off the release path, a bounded amount at a time.
+
+    `placer(namespace)` returns what finds a waiting pod's place now (None: it waits no
+    more). Run it as leader-only background work: `run(progress)`.
+    """
+
+    def __init__(
+        self,
+        events: PodEvents,
+        usage: UsageIndex,
+        placer: Callable[[str], Callable[[Waiting], Place | None]],
+        *,
+        ready: Callable[[], bool] = lambda: True,
+        rate: float = WRITES_PER_SECOND,
+        batch: int = BATCH,
+        queue_max: int = QUEUE_MAX,
+        sweep_every: float = MIN_INTERVAL_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.events = events
+        self.usage = usage
+        self.placer = placer
+        self.ready = ready
+        self.rate = rate
+        self.batch = batch
+        self.queue_max = queue_max
+        self.sweep_every = sweep_every
+        self.clock = clock
+        self.sleep = sleep
+        # namespace -> the last pod of its line seen by the sweep under way (None: none yet),
+        # in turn order. Woken again during a sweep: swept again from the head after it.
+        self._due: dict[str, Key | None] = {}
+        self._again: set[str] = set()
+        self._swept_at: dict[str, float] = {}
+        self._released: dict[str, Waiting] = {}
+        self._next_write = 0.0
+        self._forgot_at = clock()
+        self._wake = asyncio.Event()
+        self.dropped = 0
+        self.writes = 0
+
+    def wake(self, namespace: str) -> None:
+        """What a namespace's line holds or decides changed: its pods may have news."""
+        if namespace in self._due:
+            if self._due[namespace] is not None:
+                self._again.add(namespace)
+        else:
+            self._due[namespace] = None
+        self._wake.set()
+
+    def wake_all(self) -> None:
+        """Sweep every line (this replica leads now, or the quotas changed)."""
+        for namespace in self.usage.waiting_namespaces():
+            self.wake(namespace)
+
+    def released(self, pod: Waiting) -> None:
+        """A pod left the line: tell it so, if it was told it waits (and there is room)."""
+        if not self.events.told(pod.uid):
+            return
+        if len(self._released) >= self.queue_max and pod.uid not in self._released:
+            self.dropped += 1
+            log.warning("too many Events pending: pod %s/%s is not told", pod.namespace, pod.name)
+            return
+        self._released[pod.uid] = pod
+        self._wake.set()
+
+    def pending(self) -> int:
+        """Return how many namespaces and released pods wait for Events."""
+        return len(self._due) + len(self._released)
+
+    async def run(self, progress: Callable[[], None]) -> None:
+        """Write Events as they come due, until cancelled."""
+        while True:
+            self._wake.clear()
+            worked = self.ready() and await self.step()
+            progress()
+            if not worked:
+                # Nothing due, or not yet: a line swept lately is swept again once allowed.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.sweep_every / 5)
+
+    async def step(self) -> bool:
+        """Do one bounded unit of work: tell one released pod, or place up to `batch` pods
+        of the next namespace in turn and write their Events. Return whether there was any."""
+        now = self.clock()
+        if now - self._forgot_at >= FORGET_SECONDS:
+            self._forgot_at = now
+            self.events.forget_all_but(self.usage.is_waiting)
+        if self._released:
+            uid = next(iter(self._released))
+            pod = self._released.pop(uid)
+            await self._paced(self.events.released(pod))
+            return True
+        namespace = next(
+            (
+                ns
+                for ns, cursor in self._due.items()
+                if cursor is not None
+                or now - self._swept_at.get(ns, -self.sweep_every) >= self.sweep_every
+            ),
+            None,
+        )
+        if namespace is None:
+            return False
+        cursor = self._due.pop(namespace)
+        if cursor is None:
+            self._swept_at[namespace] = now
+        pods = self.usage.line(namespace).after(cursor, self.batch)
+        place = self.placer(namespace)
+        for pod in pods:
+            found = place(pod)
+            if found is not None and self.events.due(found):
+                await self._paced(self.events.waiting_one(found))
+        if len(pods) == self.batch:
+            self._due[namespace] = key_of(pods[-1])  # its turn again, after the others
+        elif namespace in self._again:
+            self._again.discard(namespace)
+            self._due[namespace] = None
+        else:
+            self._again.discard(namespace)
+        return True
+
+    async def _paced(self, write: Awaitable[bool]) -> None:
+        """Wait for the write's turn under `rate`, then make it."""
+        wait = self._next_write - self.clock()
+        if wait > 0:
+            await self.sleep(wait)
+        if await write:
+            self.writes += 1
+            self._next_write = max(self._next_write, self.clock()) + 1 / self.rate

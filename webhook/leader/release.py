@@ -1,17 +1,25 @@
-"""Release waiting pods: the leader's pass over each namespace's line (queue mode).
+"""Release waiting pods: the leader's turns over each namespace's line (queue mode).
 
-A pass runs when the pod watch shows a namespace's holdings or line change (a pod ended or
-was deleted, a pod joined the line), when the quotas change, when this replica becomes the
-leader, and every `period` seconds (reservations expire without any event). Each pass:
+A namespace is due for a turn when the pod watch shows its holdings or line change (a pod
+ended or was deleted, a pod joined the line), when the quotas change, when this replica
+becomes the leader, and every `period` seconds (reservations expire without any event).
+Due namespaces take turns, those woken first, in the order they were woken, then the rest;
+a namespace woken again while due keeps its place. Each turn:
 
 1. charges the pods that fit, in line order, through the ledger's record (`QuotaLedger.
-   release`): a compare-and-swap write, like an admission's;
+   release`): a compare-and-swap write, like an admission's; at most `per_turn` pods, found
+   through the line's index without visiting the line;
 2. removes each charged pod's gate, with a JSON patch that tests the pod's uid and the gate,
    so a pod deleted and made again under the same name is never released by mistake;
-3. tells each pod still waiting what it waits for and how many pods are ahead (an Event).
+3. wakes the Event writer (`events.EventWriter`), which tells the pods still waiting what they
+   wait for, and the released ones that they were released, in a task of its own.
+
+A namespace with more to release than one turn allows goes to the back of the turns: so a
+long line never delays another namespace's release by more than one bounded turn per
+namespace with work, and no Event write ever sits on the release path.
 
 If the replica dies between 1 and 2, the pod is in the record and still gated: the next
-leader's pass finds it so and only removes the gate (and keeps its reservation fresh until
+leader's turn finds it so and only removes the gate (and keeps its reservation fresh until
 then). A charged pod deleted before its gate was removed gives its reservation back: at once
 if the leader finds it gone, else when the watch shows the deletion.
 """
@@ -27,7 +35,7 @@ from policies.queue import Waiting, gate_name, remove_gate
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
-from webhook.leader.events import PodEvents
+from webhook.leader.events import EventWriter
 from webhook.observe.metrics import Metrics
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.usage import UsageIndex
@@ -39,6 +47,8 @@ PERIOD_SECONDS = 5.0
 # A pod whose gate this replica removed is left out of the passes for this long, or until
 # the watch shows it released: its reservation already charges it.
 RELEASED_SKIP_SECONDS = 30.0
+# The most pods one turn ungates in one namespace before the next namespace's turn.
+PER_TURN = 20
 
 
 class Releaser:
@@ -50,12 +60,13 @@ class Releaser:
         usage: UsageIndex,
         config: ConfigHolder,
         api: AsyncApi,
-        events: PodEvents,
+        events: EventWriter,
         *,
         leading: Callable[[], bool],
         ready: Callable[[], bool],
         metrics: Metrics,
         period: float = PERIOD_SECONDS,
+        per_turn: int = PER_TURN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.ledger = ledger
@@ -67,31 +78,40 @@ class Releaser:
         self.ready = ready
         self.metrics = metrics
         self.period = period
+        self.per_turn = per_turn
         self.clock = clock
-        self._due: set[str] = set()
+        # Namespaces due for a turn, in turn order (a dict as an ordered set).
+        self._due: dict[str, None] = {}
         self._everything = True
         self._wake = asyncio.Event()
         self._released: dict[str, float] = {}  # uid -> when its gate was removed
+        self.turns = 0  # turns taken, for tests and the benchmark
 
     def wake(self, namespace: str) -> None:
-        """Make a pass over a namespace's line soon (what it holds or waits for changed)."""
-        self._due.add(namespace)
+        """Give a namespace's line a turn soon (what it holds or waits for changed)."""
+        self._due.setdefault(namespace)
         self._wake.set()
 
     def wake_all(self) -> None:
-        """Make a pass over every line soon (the quotas changed, or this replica leads)."""
+        """Give every line a turn soon (the quotas changed, or this replica leads)."""
         self._everything = True
         self._wake.set()
 
+    def due(self) -> list[str]:
+        """Return the namespaces due for a turn, in turn order."""
+        return list(self._due)
+
     async def run(self) -> None:
-        """Pass over the lines until cancelled."""
+        """Take turns over the lines until cancelled."""
         while True:
-            try:
-                await asyncio.wait_for(self._wake.wait(), self.period)
-            except TimeoutError:
-                self._everything = True  # the periodic pass over every line
+            if not self._due:  # with turns still due, no waiting: only a yield, below
+                try:
+                    await asyncio.wait_for(self._wake.wait(), self.period)
+                except TimeoutError:
+                    self._everything = True  # the periodic pass over every line
             self._wake.clear()
             if not (self.leading() and self.ready() and self.config.loaded):
+                self._due.clear()
                 self._everything = True  # whatever changed meanwhile is seen on the next pass
                 continue
             try:
@@ -99,41 +119,47 @@ class Releaser:
             except Exception:  # one bad pass must not end releasing for good
                 log.exception("releasing waiting pods failed; retrying")
                 self._everything = True
+            await asyncio.sleep(0)  # let admissions in between rounds of turns
 
     async def pass_once(self) -> None:
-        """Pass over the lines that are due (all of them on the period or when asked)."""
+        """Give each namespace due now one turn (every line on the period or when asked);
+        a namespace with more to release is due again, behind the others."""
         now = self.clock()
-        in_line = self._in_line()
         self._released = {
             uid: at
             for uid, at in self._released.items()
-            if now - at < RELEASED_SKIP_SECONDS and uid in in_line
+            if now - at < RELEASED_SKIP_SECONDS and self.usage.is_waiting(uid)
         }
-        lines = set(self.usage.waiting_namespaces())
-        due = lines if self._everything else self._due & lines
-        self._due.clear()
-        self._everything = False
-        for namespace in sorted(due):
-            await self._pass(namespace)
-        self.events.forget_all_but(in_line)
+        if self._everything:
+            self._everything = False
+            for namespace in self.usage.waiting_namespaces():
+                self._due.setdefault(namespace)
+            self.events.wake_all()
+        for namespace in list(self._due):
+            self._due.pop(namespace, None)
+            if self.usage.has_line(namespace):
+                await self._turn(namespace)
 
-    def _in_line(self) -> set[str]:
-        return {w.uid for ns in self.usage.waiting_namespaces() for w in self.usage.waiting(ns)}
-
-    async def _pass(self, namespace: str) -> None:
+    async def _turn(self, namespace: str) -> None:
+        self.turns += 1
         snapshot = self.config.current
         try:
-            to_release, outcome = await self.ledger.release(
-                namespace, snapshot.quotas, skip=frozenset(self._released)
+            to_release, turn = await self.ledger.release(
+                namespace,
+                snapshot.quotas,
+                skip=frozenset(self._released),
+                most=self.per_turn,
             )
         except KubeError as error:
             log.warning("cannot charge the waiting pods of namespace %s: %s", namespace, error)
-            self._due.add(namespace)
+            self.wake(namespace)
             return
         gate = gate_name(snapshot.policy)
         for pod in to_release:
             await self._ungate(pod, gate)
-        await self.events.waiting(outcome.waiting)
+        if turn.more:
+            self.wake(namespace)
+        self.events.wake(namespace)
 
     async def _ungate(self, pod: Waiting, gate: str) -> None:
         """Remove the gate of a charged pod; give its room back if the pod is gone."""
@@ -160,15 +186,15 @@ class Releaser:
                     pod.charge,
                     pod.class_name,
                 )
-                await self.events.released(pod)
+                self.events.released(pod)
             self._released[pod.uid] = self.clock()
         except KubeError as error:
             if error.status == 404:
                 await self._gone(pod)
                 return
-            # Still charged and gated: the next pass removes the gate.
+            # Still charged and gated: the next turn removes the gate.
             log.warning("cannot release pod %s/%s: %s", pod.namespace, pod.name, error)
-            self._due.add(pod.namespace)
+            self.wake(pod.namespace)
 
     async def _gone(self, pod: Waiting) -> None:
         log.info("pod %s/%s left the line before its release", pod.namespace, pod.name)

@@ -40,15 +40,7 @@ from typing import TypeVar
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
-from policies.queue import (
-    LineOutcome,
-    Waiting,
-    gate_name,
-    is_gated,
-    may_gate,
-    next_releases,
-    waiting_pod,
-)
+from policies.queue import Place, Waiting, gate_name, is_gated, may_gate, waiting_pod
 from policies.quotas import QuotaConfig, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -94,6 +86,16 @@ class _Ask:
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What one turn over a namespace's line decided."""
+
+    # The pods charged by this turn, in line order.
+    released: tuple[Waiting, ...]
+    # The turn stopped at its bound: more pods may be released on the next one.
+    more: bool = False
 
 
 class RecordBusy(KubeError):
@@ -208,19 +210,32 @@ class QuotaLedger:
         return never if never is not None else QuotaVerdict(True, queued=True)
 
     async def release(
-        self, namespace: str, quotas: QuotaConfig, *, skip: frozenset[str] = frozenset()
-    ) -> tuple[list[Waiting], LineOutcome]:
+        self,
+        namespace: str,
+        quotas: QuotaConfig,
+        *,
+        skip: frozenset[str] = frozenset(),
+        most: int | None = None,
+    ) -> tuple[list[Waiting], Turn]:
         """Charge the pods of a namespace's line that fit now, in order; return every pod
-        whose gate is to be removed (those charged now, and those charged before whose gate
-        is still on) and what the pass decided. `skip` holds pods already released whose
-        gate removal this replica's watch has not shown yet."""
+        whose gate is to be removed (those charged before whose gate is still on, then those
+        charged now) and what the turn decided. `skip` holds pods already released whose
+        gate removal this replica's watch has not shown yet. `most` bounds the pods returned:
+        the turn then charges the first of those a whole pass would, and says there are
+        more (`Turn.more`)."""
         limits = quotas.limits_for(namespace)
         async with self._locks[namespace]:
-            return await self._swap(namespace, lambda: self._release_once(namespace, limits, skip))
+            return await self._swap(
+                namespace, lambda: self._release_once(namespace, limits, skip, most)
+            )
 
     async def _release_once(
-        self, namespace: str, limits: Mapping[str, Fraction], skip: frozenset[str]
-    ) -> tuple[list[Waiting], LineOutcome]:
+        self,
+        namespace: str,
+        limits: Mapping[str, Fraction],
+        skip: frozenset[str],
+        most: int | None,
+    ) -> tuple[list[Waiting], Turn]:
         """One attempt of `release`; raises `Conflict` if another replica wrote first."""
         # Read afresh, not from this replica's cache: other replicas charge gated pods at
         # admission, and a pass that releases nothing writes nothing, so it would never
@@ -228,28 +243,63 @@ class QuotaLedger:
         record = await self.store.read(namespace)
         now = self.clock()
         kept = self._unexpired(record, now)
-        shown_gated = self.usage.waiting(namespace)
-        line = [w for w in shown_gated if w.uid not in skip]
-        charged = [w for w in line if w.uid in kept]
-        outcome = next_releases(
-            namespace,
-            [w for w in line if w.uid not in kept],
-            self._in_use(namespace, kept),
-            limits,
+        line = self.usage.line(namespace)
+        # Only the record is visited, and the pods of the line it charges: never the line.
+        in_line = line.present(kept)
+        charged_all = sorted(
+            (pod for uid in in_line if (pod := line.get(uid)) is not None), key=Waiting.order
         )
+        charged = [w for w in charged_all if w.uid not in skip]
+        more = most is not None and len(charged) > most
+        if most is not None:
+            charged = charged[:most]
+        budget = None if most is None else most - len(charged)
+        released: tuple[Waiting, ...] = ()
+        if budget == 0:
+            more = True
+        else:
+            walked = line.walk(
+                namespace,
+                self._in_use(namespace, kept),
+                limits,
+                excluded=in_line | line.present(skip),
+                most=budget,
+            )
+            released = walked.released
+            more = more or not walked.complete
         # A charged pod still shown gated (its gate about to go, or gone and not yet shown)
         # keeps its reservation fresh, so that it never expires uncounted.
-        stale = [
-            w
-            for w in shown_gated
-            if w.uid in kept and now - kept[w.uid].at > self.reservation_ttl / 3
-        ]
-        if not outcome.released and not stale:
-            return charged, outcome
-        for pod in (*outcome.released, *stale):
+        stale = [w for w in charged_all if now - kept[w.uid].at > self.reservation_ttl / 3]
+        turn = Turn(released, more)
+        if not released and not stale:
+            return charged, turn
+        for pod in (*released, *stale):
             kept[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
         await self._store(namespace, kept, record.version)
-        return charged + list(outcome.released), outcome
+        return charged + list(released), turn
+
+    def placer(
+        self, namespace: str, limits: Mapping[str, Fraction]
+    ) -> Callable[[Waiting], Place | None]:
+        """Return what tells a waiting pod of the namespace its place now (None: it is
+        charged, or a pass would release it), against this replica's view and record."""
+        record = self._records.get(namespace)
+        kept = self._unexpired(record, self.clock()) if record else {}
+        line = self.usage.line(namespace)
+        excluded = line.present(kept)
+        in_use = self._in_use(namespace, kept)
+
+        def place(pod: Waiting) -> Place | None:
+            if pod.uid in kept:
+                return None  # charged: its gate is about to go
+            return line.place(namespace, pod, in_use, limits, excluded=excluded)
+
+        return place
+
+    def places(self, namespace: str, quotas: QuotaConfig) -> list[Place]:
+        """Return the place of every pod of a namespace's line, in line order (O(line))."""
+        place = self.placer(namespace, quotas.limits_for(namespace))
+        return [p for pod in self.usage.line(namespace).ordered() if (p := place(pod))]
 
     async def unreserve(self, namespace: str, uid: str) -> None:
         """Drop the reservation of a released pod that was deleted before its gate was
@@ -303,6 +353,10 @@ class QuotaLedger:
         verdicts = []
         reserved = False
         behind: list[Waiting] = []  # gated pods of this batch left waiting, in order
+        # The pods of the line the record charges already, left out of it: found once per
+        # batch from the record, never from the line.
+        line = self.usage.line(namespace)
+        charged_in_line = line.present(kept) if any(ask.gated for ask in batch) else set()
         # What the namespace holds, summed once a batch and kept up to date as it admits:
         # summing it again for each admission cost a pass over every reservation of the
         # last 90 s, each time.
@@ -316,7 +370,7 @@ class QuotaLedger:
             own = kept.get(key)
             in_use = totals if own is None or not counted else _less(totals, own)
             if ask.gated:
-                verdict = self._judge_gated(namespace, ask, key, kept, in_use, behind)
+                verdict = self._judge_gated(namespace, ask, key, charged_in_line, in_use, behind)
             else:
                 verdict = judge(
                     namespace=namespace,
@@ -329,6 +383,8 @@ class QuotaLedger:
             verdicts.append(verdict)
             if verdict.allowed and not verdict.queued and not ask.request.dry_run:
                 kept[key] = Reservation(class_name, ask.plan.charge, now, ask.request.pod_name)
+                if key in line:
+                    charged_in_line.add(key)
                 reserved = True
                 if counted:  # its new reservation replaces the one `in_use` left out
                     totals = {
@@ -378,22 +434,26 @@ class QuotaLedger:
         namespace: str,
         ask: _Ask,
         key: str,
-        kept: Mapping[str, Reservation],
+        charged_in_line: set[str],
         in_use: Mapping[str, Fraction],
         behind: list[Waiting],
     ) -> QuotaVerdict:
         """Judge a pod created behind the gate as if it joined the end of its line: charged
-        now if a pass over the line would release it, else left waiting, uncharged."""
+        now if a pass over the line would release it, else left waiting, uncharged.
+
+        The line's index answers without visiting the line (`policies.line`): the pods of
+        the line charged already are left out (counted in `in_use` by their reservations),
+        and the gated pods judged earlier in this batch join it, behind those of their
+        order."""
         assert ask.plan.class_name is not None
         me = replace(waiting_pod(ask.request.object, ask.plan.class_name, ask.plan.charge), uid=key)
-        # Pods of the line already charged are counted in `in_use` by their reservations.
-        line = [w for w in self.usage.waiting(namespace) if w.uid not in kept and w.uid != key]
-        outcome = next_releases(namespace, [*line, *behind, me], in_use, ask.limits)
-        if any(pod.uid == key for pod in outcome.released):
+        place = self.usage.line(namespace).place(
+            namespace, me, in_use, ask.limits, excluded=charged_in_line, extras=behind
+        )
+        if place is None:
             return QuotaVerdict(True, limit=ask.limits.get(ask.plan.class_name))
         if not ask.request.dry_run:  # a dry run takes no place in line
             behind.append(me)
-        place = next(p for p in outcome.waiting if p.pod.uid == key)
         message = place.message()
         return QuotaVerdict(
             True,

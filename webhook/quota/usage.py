@@ -3,7 +3,8 @@
 Only GPU pods are kept, each as one small entry, and the sum per (namespace, class) is
 updated as pods come and go, so a quota judgement costs the same with 10 pods or 100,000.
 GPU pods held behind gpuadm's scheduling gate hold nothing: they are kept apart, as the
-lines of waiting pods (policies/queue.py).
+lines of waiting pods, each an index in line order (`policies.line.Line`) changed one pod at
+a time as the watch shows them, so that no judgement sorts or visits a whole line.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
 from policies.demand import TERMINAL_PHASES
+from policies.line import Line
 from policies.queue import Waiting, gate_name, is_gated, waiting_pod
 
 log = logging.getLogger("gpuadm.usage")
@@ -41,7 +43,7 @@ class UsageIndex:
         self._sums: dict[str, dict[str, Fraction]] = {}
         self._seen_at: dict[str, float] = {}
         self._members: dict[str, set[str]] = {}  # namespace -> uids of its GPU pods
-        self._waiting: dict[str, dict[str, Waiting]] = {}  # namespace -> uid -> pod
+        self._lines: dict[str, Line] = {}  # namespace -> its waiting pods
         self._line_of: dict[str, str] = {}  # uid -> namespace, for the waiting pods
         self._listeners: list[Callable[[str], None]] = []
 
@@ -50,12 +52,25 @@ class UsageIndex:
         self._listeners.append(listener)
 
     def waiting(self, namespace: str) -> list[Waiting]:
-        """Return the pods of a namespace waiting in line, in no particular order."""
-        return list(self._waiting.get(namespace, {}).values())
+        """Return the pods of a namespace waiting in line, in line order (a copy: O(line))."""
+        line = self._lines.get(namespace)
+        return list(line.ordered()) if line is not None else []
+
+    def line(self, namespace: str) -> Line:
+        """Return the index of a namespace's line, as it is now (empty if none waits)."""
+        return self._lines.get(namespace) or Line()
+
+    def has_line(self, namespace: str) -> bool:
+        """Tell whether pods of this namespace wait in line."""
+        return namespace in self._lines
+
+    def is_waiting(self, uid: str) -> bool:
+        """Tell whether this pod waits in a line."""
+        return uid in self._line_of
 
     def waiting_namespaces(self) -> list[str]:
         """Return the namespaces with pods waiting in line."""
-        return list(self._waiting)
+        return list(self._lines)
 
     def holdings(self, namespace: str) -> list[Holding]:
         """Return what each GPU pod of a namespace holds, for the reports that name them."""
@@ -139,16 +154,16 @@ class UsageIndex:
     def _set_waiting(self, uid: str, waiting: Waiting | None) -> None:
         namespace = self._line_of.get(uid)
         if namespace is not None:
-            line = self._waiting[namespace]
-            if line[uid] == waiting:
+            line = self._lines[namespace]
+            if line.get(uid) == waiting:
                 return
-            del line[uid]
+            line.remove(uid)
             del self._line_of[uid]
             if not line:
-                del self._waiting[namespace]
+                del self._lines[namespace]
             self._changed(namespace)
         if waiting is not None:
-            self._waiting.setdefault(waiting.namespace, {})[uid] = waiting
+            self._lines.setdefault(waiting.namespace, Line()).add(waiting)
             self._line_of[uid] = waiting.namespace
             self._changed(waiting.namespace)
 
@@ -172,14 +187,15 @@ class UsageIndex:
             classes[holding.class_name] = classes.get(holding.class_name, Fraction(0)) + (
                 holding.charge
             )
-        lines: dict[str, dict[str, Waiting]] = {}
-        for uid, pod in (waiting or {}).items():
-            lines.setdefault(pod.namespace, {})[uid] = pod
-        changed = set(self._sums) | set(sums) | set(self._waiting) | set(lines)
+        by_namespace: dict[str, list[Waiting]] = {}
+        for pod in (waiting or {}).values():
+            by_namespace.setdefault(pod.namespace, []).append(pod)
+        lines = {namespace: Line(pods) for namespace, pods in by_namespace.items()}
+        changed = set(self._sums) | set(sums) | set(self._lines) | set(lines)
         self._pods = dict(holdings)
         self._sums = sums
         self._members = members
-        self._waiting = lines
+        self._lines = lines
         self._line_of = {uid: pod.namespace for uid, pod in (waiting or {}).items()}
         for uid in holdings:
             self._seen_at.setdefault(uid, now)

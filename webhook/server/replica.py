@@ -20,7 +20,7 @@ from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.client import Kube
 from webhook.kube.rest import AsyncApi
-from webhook.leader.events import PodEvents
+from webhook.leader.events import EventWriter, PodEvents
 from webhook.leader.lease import LeaseElector
 from webhook.leader.publish import QuotaPublisher
 from webhook.leader.release import Releaser
@@ -135,12 +135,18 @@ def cluster_app(
         duration=settings.lease_seconds,
         metrics=metrics,
     )
+    events = EventWriter(
+        PodEvents(api, settings.identity or "gpuadm"),
+        usage,
+        lambda namespace: ledger.placer(namespace, holder.current.quotas.limits_for(namespace)),
+        ready=lambda: pods.ready() and holder.loaded,
+    )
     releaser = Releaser(
         ledger,
         usage,
         holder,
         api,
-        PodEvents(api, settings.identity or "gpuadm"),
+        events,
         leading=elector.leading,
         ready=pods.ready,
         metrics=metrics,
@@ -157,7 +163,11 @@ def cluster_app(
     leader_work = LeaderOnly(
         supervisor,
         elector,
-        [Background("release", _with_progress(releaser.run)), Background("publish", publisher.run)],
+        [
+            Background("release", _with_progress(releaser.run)),
+            Background("queue-events", events.run),
+            Background("publish", publisher.run),
+        ],
     )
     return create_app(
         settings,
@@ -196,11 +206,9 @@ def queue_readings(usage: UsageIndex, now: float) -> list[QueueReading]:
     """Return each line's length and its longest wait, per namespace and class."""
     readings = []
     for namespace in sorted(usage.waiting_namespaces()):
-        by_class: dict[str, list[float]] = {}
-        for pod in usage.waiting(namespace):
-            by_class.setdefault(pod.class_name, []).append(_since(pod.created, now))
-        for class_name, waits in sorted(by_class.items()):
-            readings.append(QueueReading(namespace, class_name, len(waits), max(waits)))
+        # Counted by the line's index, per class, with its oldest pod: no pass over the line.
+        for class_name, (count, oldest) in sorted(usage.line(namespace).by_class().items()):
+            readings.append(QueueReading(namespace, class_name, count, _since(oldest, now)))
     return readings
 
 

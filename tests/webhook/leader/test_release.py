@@ -18,7 +18,7 @@ from tests.webhook.quota.test_queue_ledger import (
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
-from webhook.leader.events import PodEvents
+from webhook.leader.events import EventWriter, PodEvents
 from webhook.leader.release import Releaser
 from webhook.observe.metrics import Metrics
 from webhook.quota.ledger import QuotaLedger
@@ -68,7 +68,11 @@ def releaser(ledger: QuotaLedger, usage: UsageIndex, cluster: Cluster) -> Releas
         usage,
         ConfigHolder(config()),
         api,
-        PodEvents(api, "gpuadm-0"),
+        EventWriter(
+            PodEvents(api, "gpuadm-0"),
+            usage,
+            lambda namespace: ledger.placer(namespace, config().quotas.limits_for(namespace)),
+        ),
         leading=lambda: True,
         ready=lambda: True,
         metrics=Metrics(),

@@ -15,7 +15,7 @@ import pytest
 
 from policies import Plan, check_final, plan
 from policies.judge import QuotaVerdict
-from policies.queue import GATE_SUFFIX, Waiting, add_gate, remove_gate
+from policies.queue import GATE_SUFFIX, Place, Waiting, add_gate, remove_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
@@ -95,6 +95,12 @@ def observe(usage: UsageIndex, *pods: dict[str, Any], now: float = 0) -> None:
 
 def uid(body: dict[str, Any]) -> str:
     return str(body["metadata"]["uid"])
+
+
+async def waiting_in(namespace: str, ledger: QuotaLedger) -> list[Place]:
+    """What each pod of the line is told: its place, from the record as it is now."""
+    await ledger.refresh(namespace)
+    return ledger.places(namespace, config().quotas)
 
 
 async def stored_charges(store: MemoryStore, namespace: str) -> dict[str, Fraction]:
@@ -346,9 +352,9 @@ async def test_a_higher_priority_pod_is_charged_ahead_of_the_line() -> None:
     assert not verdict.queued
     assert set(await stored_charges(store, "team-q")) == {uid(urgent)}
     # The pod it went ahead of stays in line: the room is gone.
-    released, outcome = await quota.release("team-q", config().quotas)
+    released, _ = await quota.release("team-q", config().quotas)
     assert released == []
-    assert [p.pod.uid for p in outcome.waiting] == [uid(first)]
+    assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(first)]
 
 
 async def test_a_gated_dry_run_is_judged_but_charges_nothing() -> None:
@@ -506,7 +512,10 @@ async def test_release_charges_the_pods_that_fit_in_order_with_one_write() -> No
     released, outcome = await quota.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(urgent), uid(a), uid(d)]
     assert [w.uid for w in outcome.released] == [uid(urgent), uid(a), uid(d)]
-    assert [(p.pod.uid, p.ahead) for p in outcome.waiting] == [(uid(b), 0), (uid(c), 1)]
+    assert [(p.pod.uid, p.ahead) for p in await waiting_in("team-q", quota)] == [
+        (uid(b), 0),
+        (uid(c), 1),
+    ]
     assert store.writes == 1
     assert await stored_charges(store, "team-q") == {uid(urgent): 0.5, uid(a): 0.5, uid(d): 2}
     assert quota.in_use("team-q") == {"a100": 1, "h100": 2}
@@ -518,9 +527,9 @@ async def test_a_line_with_nothing_to_release_writes_nothing() -> None:
     quota = QuotaLedger(usage, store, pods_visible=True)
     observe(usage, stored_pod({"gpuadm.io/a100": "1"}))
     line_of(usage, {"gpuadm.io/a100": "0.5"})
-    released, outcome = await quota.release("team-q", config().quotas)
+    released, _ = await quota.release("team-q", config().quotas)
     assert released == []
-    assert len(outcome.waiting) == 1
+    assert len(await waiting_in("team-q", quota)) == 1
     assert store.writes == 0
 
 
@@ -539,7 +548,7 @@ async def test_a_pod_released_but_still_shown_gated_is_returned_again_and_charge
     again, outcome = await quota.release("team-q", config().quotas)
     assert [w.uid for w in again] == [uid(a), uid(b)]
     assert outcome.released == ()
-    assert [p.pod.uid for p in outcome.waiting] == [uid(c)]
+    assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(c)]
     assert store.writes == 1
     assert quota.in_use("team-q") == {"a100": 1}
 
@@ -556,7 +565,7 @@ async def test_a_pod_released_but_still_shown_gated_is_returned_again_and_charge
         "team-q", config().quotas, skip=frozenset({uid(a), uid(b)})
     )
     assert skipped == []
-    assert [p.pod.uid for p in outcome.waiting] == [uid(c)]
+    assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(c)]
     assert quota.in_use("team-q") == {"a100": 1}
 
 
@@ -579,9 +588,9 @@ async def test_a_released_pod_counts_by_its_reservation_until_shown_ungated_then
 
     # Room left: 0.25, exactly.
     quarter, more = line_of(usage, {"gpuadm.io/a100": "0.25"}, {"gpuadm.io/a100": "0.25"})
-    released, outcome = await quota.release("team-q", config().quotas)
+    released, _ = await quota.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(quarter)]
-    assert [p.pod.uid for p in outcome.waiting] == [uid(more)]
+    assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(more)]
     assert quota.in_use("team-q") == {"a100": 1}
 
 
@@ -601,9 +610,9 @@ async def test_unreserve_gives_the_room_back_to_the_line() -> None:
     await quota.unreserve("team-q", uid(gone))  # again: nothing to do
     assert store.writes == writes
 
-    released, outcome = await quota.release("team-q", config().quotas)
+    released, _ = await quota.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(behind)]
-    assert outcome.waiting == ()
+    assert await waiting_in("team-q", quota) == []
     assert await stored_charges(store, "team-q") == {uid(behind): 1}
 
 
@@ -760,9 +769,9 @@ async def test_the_leader_sees_pods_other_replicas_charged_even_when_it_releases
     # Charged on the other replica, whose watch does not show `big` yet.
     assert not (await admit_gated(other, charged)).queued
     observe(usage, charged)
-    released, outcome = await leader.release("team-q", config().quotas)
+    released, _ = await leader.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(charged)]
-    assert [p.pod.uid for p in outcome.waiting] == [uid(big)]
+    assert [p.pod.uid for p in await waiting_in("team-q", leader)] == [uid(big)]
 
 
 async def test_a_gated_dry_run_takes_no_place_in_line() -> None:
@@ -799,9 +808,9 @@ async def test_a_charged_pod_still_gated_keeps_its_reservation_fresh_until_shown
     skip = frozenset({uid(charged)})
     for step in range(1, 10):
         now[0] = step * 40.0  # well past the 90 s a reservation lives unrenewed
-        released, outcome = await quota.release("team-q", config().quotas, skip=skip)
+        released, _ = await quota.release("team-q", config().quotas, skip=skip)
         assert released == []
-        assert [p.pod.uid for p in outcome.waiting] == [uid(behind)]
+        assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(behind)]
 
 
 def test_a_charged_pod_deleted_while_gated_stops_counting_at_once() -> None:
