@@ -242,6 +242,20 @@ def test_only_gpuadm_removes_its_gate(gpuadm: Deployment, namespace: str) -> Non
     assert f"the scheduling gate {GATE} may be removed by gpuadm only" in refused.value.body
 
 
+def test_a_pod_that_brings_the_gate_outside_queue_mode_is_refused(
+    gpuadm: Deployment, namespace: str
+) -> None:
+    gpuadm.set_quotas(f"namespaces:\n  {namespace}:\n    h100: 2\n")
+    message = gpuadm.refusal(
+        namespace, H100_POD, name="own-gate", spec={"schedulingGates": [{"name": GATE}]}
+    )
+    assert f"the scheduling gate {GATE} is gpuadm's" in message
+    assert f'namespace "{namespace}" is in enforce mode: create the pod without it' in message
+    # The same pod without it fits, and is charged as any other.
+    stored = gpuadm.create_pod(namespace, H100_POD, name="plain")
+    assert not stored["spec"].get("schedulingGates")
+
+
 def create_in_line(gpuadm: Deployment, namespace: str, name: str) -> str:
     """Create a one-H100 pod: in a queue namespace it is created behind the gate, which is
     removed at once if it fits, and stays while it waits."""

@@ -75,7 +75,8 @@ def test_a_place_in_the_index_is_the_place_the_sort_gives(
     # The index sorted for other limits before (a quota change) answers for these ones.
     index.walk("team-q", in_use, data.draw(limit_sets))
     # The pod asked about: a new one, or one of the line.
-    if line_pods and data.draw(st.booleans()):
+    of_the_line: bool = data.draw(st.booleans())
+    if line_pods and of_the_line:
         me = data.draw(st.sampled_from(line_pods))
     else:
         me = waiting("me", *data.draw(pods.filter(bool))[0])

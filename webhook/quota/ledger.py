@@ -149,9 +149,20 @@ class QuotaLedger:
         limits = config.quotas.limits_for(namespace)
         if plan.class_name is None:
             return None
+        gate = gate_name(config.policy)
+        gated = is_gated(request.object, gate)
+        mode = config.quotas.mode_for(namespace)
+        if gated and mode != "queue":
+            # Waiting in line is for queue namespaces: a pod that brought the gate itself
+            # elsewhere would be admitted uncharged and released later, past `enforce`.
+            return QuotaVerdict(
+                False,
+                f"the scheduling gate {gate} is gpuadm's: it holds pods in line only in "
+                f'namespaces whose GPU quota mode is queue, and namespace "{namespace}" is in '
+                f"{mode} mode: create the pod without it",
+            )
         if not limits_on(plan.class_name, limits):
             return None
-        gated = is_gated(request.object, gate_name(config.policy))
         if gated and (never := _never_fits(namespace, plan, limits)) is not None:
             return never
         if not self.usage_ready():

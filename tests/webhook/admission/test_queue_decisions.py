@@ -197,3 +197,64 @@ async def test_other_updates_of_a_waiting_pod_are_allowed(client: Client) -> Non
         client, "/validate", review(labelled, operation="UPDATE", old=waiting, user="alice")
     )
     assert response["allowed"] is True
+
+
+# --- the gate is gpuadm's ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize(
+    "limits",
+    [
+        pytest.param({"gpuadm.io/a100": "0.5"}, id="fits"),
+        pytest.param({"gpuadm.io/a100": "1"}, id="does-not-fit"),
+        pytest.param({"gpuadm.io/t4": "1"}, id="class-without-a-limit"),
+    ],
+)
+async def test_a_pod_that_brings_the_gate_outside_queue_mode_is_refused_uncharged(
+    client: Client, store: MemoryStore, limits: dict[str, str], dry_run: bool
+) -> None:
+    await create(client, "holder", {"gpuadm.io/a100": "0.5"}, "team-e")
+    writes = store.writes
+    body, request = new_pod("sneaky", limits, "team-e", schedulingGates=[{"name": GATE}])
+    mutated = await post(client, "/mutate", request)
+    stored = jsonpatch.apply_patch(body, decoded_patch(mutated))
+    sent = review(stored, namespace="team-e", uid="validate-sneaky")
+    sent["request"]["dryRun"] = dry_run
+    validated = await post(client, "/validate", sent)
+    assert validated["allowed"] is False
+    assert validated["status"]["message"] == (
+        f"the scheduling gate {GATE} is gpuadm's: it holds pods in line only in namespaces "
+        'whose GPU quota mode is queue, and namespace "team-e" is in enforce mode: create the '
+        "pod without it"
+    )
+    assert store.writes == writes
+    assert "uid-sneaky" not in (await store.read("team-e")).reservations
+
+
+async def test_a_pod_that_brings_the_gate_in_queue_mode_and_fits_is_charged_once(
+    client: Client, store: MemoryStore
+) -> None:
+    body, request = new_pod(
+        "own-gate", {"gpuadm.io/a100": "0.5"}, "team-q", schedulingGates=[{"name": GATE}]
+    )
+    mutated = await post(client, "/mutate", request)
+    stored = jsonpatch.apply_patch(body, decoded_patch(mutated))
+    assert [g["name"] for g in stored["spec"]["schedulingGates"]] == [GATE]
+    validated = await post(client, "/validate", review(stored, namespace="team-q"))
+    assert validated["auditAnnotations"]["decision"] == "allowed"
+    assert {u: r.charge for u, r in (await store.read("team-q")).reservations.items()} == {
+        "uid-own-gate": 0.5
+    }
+    # The leader finds it in line, charged already: it hands it over to be ungated and
+    # charges nothing more.
+    snapshot = snapshot_from_text(POLICY_YAML, QUOTAS, policy_source="p", quotas_source="q")
+    usage = UsageIndex()
+    stored["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    usage.observe(stored, snapshot.policy, snapshot.quotas, now=0)
+    leader = QuotaLedger(usage, store, pods_visible=True)
+    writes = store.writes
+    released, turn = await leader.release("team-q", snapshot.quotas)
+    assert [w.uid for w in released] == ["uid-own-gate"]
+    assert turn.released == ()
+    assert store.writes == writes

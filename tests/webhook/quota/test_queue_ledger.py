@@ -902,3 +902,26 @@ async def test_a_pod_created_behind_the_gate_waits_while_the_record_is_full() ->
     observe(usage, body)
     with pytest.raises(KubeError, match="is full"):
         await quota.release("team-q", config().quotas)
+
+
+@pytest.mark.parametrize(
+    ("namespace", "mode"), [pytest.param("team-e", "enforce"), pytest.param("team-w", "warn")]
+)
+async def test_a_pod_that_brings_the_gate_outside_queue_mode_gets_no_place_in_line(
+    namespace: str, mode: str
+) -> None:
+    store = MemoryStore()
+    quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    snapshot = config(MIXED_MODES)
+    for limits in ({"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "0.5"}):  # fits, then not
+        body = stored_pod(limits, namespace, gated=True)
+        verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+        assert verdict is not None
+        assert not verdict.allowed
+        assert not verdict.queued
+        assert verdict.message == (
+            f"the scheduling gate {GATE} is gpuadm's: it holds pods in line only in namespaces "
+            f'whose GPU quota mode is queue, and namespace "{namespace}" is in {mode} mode: '
+            "create the pod without it"
+        )
+    assert store.writes == 0
