@@ -82,6 +82,15 @@ def check_metadata(pod: Mapping[str, Any], *, whose: str = "") -> None:
                 _string(value, f"{whose}metadata.{field}[{shown(key)}]", allow_null=False)
 
 
+def check_update_shape(pod: Mapping[str, Any], *, whose: str = "") -> None:
+    """Refuse a pod of an UPDATE whose metadata, spec or scheduling gates are not what every
+    stored pod has: the update check reads those, and only those, of both pods."""
+    check_metadata(pod, whose=whose)
+    spec = _object(pod.get("spec"), f"{whose}spec")
+    _list(spec.get("schedulingGates"), f"{whose}spec.schedulingGates")
+    _list(spec.get("ephemeralContainers"), f"{whose}spec.ephemeralContainers")
+
+
 def _check_container(container: object, kind: str, index: int) -> None:
     if type(container) is not dict:
         container = _item(container, f"spec.{kind}[{index}]", "a container (an object with a name)")

@@ -26,6 +26,7 @@ from policies.claims import check_claim, check_named_claim, check_template, name
 from policies.guard import check_allocation_update
 from policies.judge import QuotaVerdict
 from policies.queue import add_gate, gate_name, is_gated, may_gate
+from policies.shapes import check_update_shape
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
@@ -257,6 +258,9 @@ def _validate_update(
     revisions = config.revisions
     assert request.old_object is not None  # decode_review guarantees it for UPDATE
     try:
+        # A stored pod has an object for its spec; a review whose pods do not is hand-made.
+        check_update_shape(request.object)
+        check_update_shape(request.old_object, whose="the old pod's ")
         # Whoever asks: gpuadm itself never adds ephemeral containers.
         check_added_containers(request.old_object, request.object, config.policy)
         # The GPU stack's scheduler and device plugin write these; gpuadm never does.
