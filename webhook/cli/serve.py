@@ -12,8 +12,6 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aiohttp import web
-
 from certs import CertificateReloader, new_ca, new_serving_cert, server_ssl_context, write_tls_dir
 from webhook.cli import flags
 from webhook.cli.certificates import target_of
@@ -22,6 +20,8 @@ from webhook.cli.exits import CommandError, ExitCode
 from webhook.kube.client import KubeError, connect
 from webhook.observe import logs
 from webhook.observe.audit_log import AuditLog
+from webhook.server import listener
+from webhook.server.appkeys import METRICS
 from webhook.server.lifecycle import Background
 from webhook.server.replica import cluster_app, standalone_app
 from webhook.server.settings import CLAIM_CONTROLLERS, Settings
@@ -159,19 +159,22 @@ def run(args: argparse.Namespace) -> ExitCode:
     else:
         extra = (Background("tls-keeper", keeper.run),) if keeper else ()
         app = cluster_app(settings, kube, audit=audit, tls=reloader, extra=extra)
-    log.info("serving on https://%s:%d", settings.host, settings.port)
     # What is loaded by now (modules, the config, the app) lives as long as the process.
     # Frozen, the collector no longer walks it in each full collection: with the Kubernetes
     # client loaded, such a walk held the event loop for 40 to 160 ms under load.
     gc.freeze()
-    web.run_app(
-        app,
-        host=settings.host,
-        port=settings.port,
-        ssl_context=ssl_context,
-        print=None,
-        access_log=None,
-    )
+    try:
+        listener.serve(
+            app,
+            host=settings.host,
+            port=settings.port,
+            ssl_context=ssl_context,
+            on_refused=app[METRICS].connections_refused.inc,
+        )
+    except OSError as error:
+        raise CommandError(
+            f"cannot listen on {settings.host}:{settings.port}: {error.strerror or error}"
+        ) from None
     return ExitCode.OK
 
 

@@ -219,7 +219,8 @@ class Metrics:
         )
         self.bad_requests = Counter(
             "gpuadm_bad_requests",
-            "Requests refused with an HTTP 4xx before admission.",
+            "Requests refused before admission: an HTTP 4xx for a malformed or oversized "
+            "review, 503 for one the replica had no room to take in time.",
             ["endpoint", "status"],
             registry=r,
         )
@@ -268,6 +269,17 @@ class Metrics:
             ["task"],
             registry=r,
         )
+        self.connections_refused = Counter(
+            "gpuadm_connections_refused",
+            "Connections closed on arrival because the replica served its maximum already.",
+            registry=r,
+        )
+        self.budget_in_use = Gauge(
+            "gpuadm_request_budget_in_use_bytes",
+            "Bytes of a request budget held now: large bodies being read, decoded reviews.",
+            ["budget"],
+            registry=r,
+        )
         self.certificate_expiry = Gauge(
             "gpuadm_certificate_expiry_timestamp_seconds",
             "When the served certificate expires (Unix time).",
@@ -305,6 +317,10 @@ class Metrics:
     def watch_plan_memo(self, read: Callable[[], MemoReading]) -> None:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""
         self.registry.register(_PlanMemoCollector(read))
+
+    def watch_budget(self, name: str, read: Callable[[], int]) -> None:
+        """Export how much of the request budget `name` is held, read at each scrape."""
+        self.budget_in_use.labels(name).set_function(read)
 
     def config_in_force(self, policy_revision: str, quotas_revision: str) -> None:
         """Export which config is in force, replacing the previous one."""

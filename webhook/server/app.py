@@ -17,6 +17,7 @@ from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.server import handlers
 from webhook.server.appkeys import METRICS, READINESS, ReadinessCheck
+from webhook.server.budget import RequestBudget
 from webhook.server.lifecycle import Background, Supervisor
 from webhook.server.settings import Settings
 from webhook.tls.reloading import TLS_STALE_SECONDS, certificate_problem, keep_certificate_fresh
@@ -35,6 +36,7 @@ def create_app(
     background: Sequence[Background] = (),
     supervisor: Supervisor | None = None,
     readiness: Sequence[ReadinessCheck] = (),
+    budget: RequestBudget | None = None,
 ) -> web.Application:
     """Build the whole webhook application; nothing is added to it after this returns.
 
@@ -58,11 +60,15 @@ def create_app(
         *readiness,
         tasks.not_ready_reason,
     ]
+    budget = budget if budget is not None else RequestBudget()
+    metrics.watch_budget("large_reading", lambda: budget.large_reading.in_use)
+    metrics.watch_budget("decoding", lambda: budget.decoding.in_use)
     endpoint = partial(
         handlers.ReviewEndpoint,
         metrics=metrics,
         audit=audit,
         max_review_bytes=settings.max_review_bytes,
+        budget=budget,
         require_client_certificate=settings.client_ca_file is not None,
     )
     mutate = partial(

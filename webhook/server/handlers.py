@@ -1,7 +1,9 @@
 """The HTTP edge: checks a review's envelope, calls admission, and never leaks a stack trace.
 
 - A body that is not a well-formed AdmissionReview is an HTTP 4xx whose body names what was
-  wrong (413 too large, 415 not JSON, 400 malformed, naming the field and its value).
+  wrong (413 too large or too heavy to decode, 415 not JSON or compressed, 400 malformed,
+  naming the field and its value). A body not received and let in within the request
+  budget (server.budget) is a 503 asking to retry; a caller that hangs up gets nothing.
 - A well-formed review of another kind than a Pod, a ResourceClaim or a ResourceClaimTemplate
   is not gpuadm's to judge: it is allowed, with no patch, here, without reaching admission.
 - A pod that breaks a rule, or that is merely odd (a field of the wrong type), is an HTTP 200
@@ -16,13 +18,15 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from certs import peer_certificate_verified
+from policies.shapes import shown
 from webhook.admission.audit_record import audit_entry
 from webhook.admission.decisions import Decision
 from webhook.observe.audit_log import AuditLog
@@ -32,17 +36,29 @@ from webhook.reviews.request import (
     AdmissionRequest,
     BadReview,
     decode_review,
+    decoded_weight,
 )
 from webhook.server.appkeys import METRICS, READINESS
+from webhook.server.budget import ByteBudget, MiB, RequestBudget
 
 log = logging.getLogger("gpuadm.http")
 
 Decide = Callable[[AdmissionRequest], Awaitable[Decision]]
-# Large reviews read, decoded and planned at once, per endpoint. Each holds its body (up to
-# 7 MiB), its decoded pod (about ten times that) and its plan while it is served, so this
-# bounds what a flood of them costs; the rest wait, unread, in their connections. Real
-# pods this large are rare, and two at a time still serve them as fast as two cores allow.
+# Large reviews decoded and planned at once, per endpoint, once read and weighed: each is
+# planned off the event loop, and two at a time serve them as fast as two cores allow.
 MAX_LARGE_IN_FLIGHT = 2
+# The encodings a body may come in: the apiserver sends reviews as they are. A compressed
+# body is refused unread, so no caller can make a replica inflate a few KiB into gigabytes.
+IDENTITY = frozenset({"", "identity"})
+
+
+class Refusal(Exception):
+    """A request refused before admission, with the HTTP status and the reason."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
 class ReviewEndpoint:
@@ -56,42 +72,88 @@ class ReviewEndpoint:
         metrics: Metrics,
         audit: AuditLog | None,
         max_review_bytes: int,
+        budget: RequestBudget | None = None,
         require_client_certificate: bool = False,
     ) -> None:
         """Answer reviews with `decide`, labelled `name` in metrics and audit records.
 
-        Bodies over `max_review_bytes` are refused with 413 before they are parsed. With
-        `require_client_certificate`, a caller without a verified certificate gets 401.
+        Bodies over `max_review_bytes` are refused with 413 before they are read; every
+        request is read and let in within `budget` (server.budget), shared by the endpoints
+        of one replica. With `require_client_certificate`, a caller without a verified
+        certificate gets 401.
         """
         self.name = name
         self.decide = decide
         self.metrics = metrics
         self.audit = audit
         self.max_review_bytes = max_review_bytes
+        self.budget = budget if budget is not None else RequestBudget()
         self.require_client_certificate = require_client_certificate
         self._large = asyncio.Semaphore(MAX_LARGE_IN_FLIGHT)
 
     async def handle(self, request: web.Request) -> web.Response:
-        """Decode the review, decide, audit, and answer."""
+        """Read the review within the budget, decode, decide, audit, and answer."""
         started = time.perf_counter()
-        if self.require_client_certificate and not _caller_verified(request):
-            return self._bad_request(
-                401, "a client certificate signed by gpuadm's --client-ca-file is required"
-            )
-        # The apiserver always sends a Content-Length; a body without one may be any size.
-        length = request.content_length
-        if length is not None and length < LARGE_REVIEW_BYTES:
-            return await self._serve(request, started)
-        async with self._large:
-            return await self._serve(request, started)
-
-    async def _serve(self, request: web.Request, started: float) -> web.Response:
         try:
-            review = decode_review(await self._read_body(request))
+            if self.require_client_certificate and not _caller_verified(request):
+                raise Refusal(
+                    401, "a client certificate signed by gpuadm's --client-ca-file is required"
+                )
+            async with AsyncExitStack() as held:
+                try:
+                    async with asyncio.timeout(self.budget.read_seconds):
+                        body = await self._let_in(request, held)
+                except TimeoutError:
+                    raise Refusal(
+                        503,
+                        f"the review was not received and let in within "
+                        f"{self.budget.read_seconds:g} s (a slow sender, or a replica at its "
+                        "limit); retry",
+                    ) from None
+                return await self._serve(body, started)
+        except Refusal as refusal:
+            return self._bad_request(refusal.status, refusal.reason)
+        except ConnectionError:
+            # The caller hung up: no one is left to answer, and nothing went wrong here.
+            log.debug("the caller of /%s closed the connection before its answer", self.name)
+            return web.Response(status=499)
+
+    async def _let_in(self, request: web.Request, held: AsyncExitStack) -> bytes:
+        """Read the body, then take what decoding it costs from the budget, in `held`."""
+        self._check_headers(request)
+        announced = request.content_length
+        if announced is None or announced >= LARGE_REVIEW_BYTES:
+            # Large, or of unknown size: its bytes count while they arrive, so stalled
+            # senders hold at most this budget, and only until the deadline.
+            async with self._hold(self.budget.large_reading, announced or self.max_review_bytes):
+                body = await self._read_body(request)
+        else:
+            body = await self._read_body(request)
+        large = len(body) >= LARGE_REVIEW_BYTES
+        weight = decoded_weight(body)
+        if weight > self.budget.decode_room(large):
+            raise Refusal(
+                413,
+                f"the review would take up to {weight // MiB} MiB to decode, more than the "
+                f"{self.budget.decode_room(large) // MiB} MiB a replica gives one review; "
+                "a pod's JSON is never shaped like this",
+            )
+        if large:
+            await held.enter_async_context(self._hold(self.budget.large_decoding, weight))
+        await held.enter_async_context(self._hold(self.budget.decoding, weight))
+        if large:
+            await held.enter_async_context(_holding(self._large))
+        return body
+
+    def _hold(self, budget: ByteBudget, amount: int) -> AbstractAsyncContextManager[None]:
+        return budget.hold(min(amount, budget.capacity))
+
+    async def _serve(self, body: bytes, started: float) -> web.Response:
+        try:
+            review = decode_review(body)
         except BadReview as error:
-            return self._bad_request(400, error.reason)
-        except web.HTTPException as error:
-            return self._bad_request(error.status, error.text or error.reason)
+            raise Refusal(400, error.reason) from None
+        del body  # the decoded review is what is held from here on
         decision, answer = await self._answer(review)
         latency = time.perf_counter() - started
         self.metrics.answered(self.name, review.operation, decision.outcome, latency)
@@ -124,29 +186,44 @@ class ReviewEndpoint:
             )
         return await self.decide(review)
 
-    async def _read_body(self, request: web.Request) -> bytes:
+    def _check_headers(self, request: web.Request) -> None:
         limit = self.max_review_bytes
         if request.content_type != "application/json":
-            raise web.HTTPUnsupportedMediaType(
-                text=f"Content-Type must be application/json, got {request.content_type!r}"
+            raise Refusal(
+                415, f"Content-Type must be application/json, got {request.content_type!r}"
+            )
+        encoding = request.headers.get("Content-Encoding", "").strip().lower()
+        if encoding not in IDENTITY:
+            raise Refusal(
+                415,
+                f"Content-Encoding {shown(encoding)} is not accepted: send the review "
+                "uncompressed, as the apiserver does",
             )
         if request.content_length is not None and request.content_length > limit:
-            raise web.HTTPRequestEntityTooLarge(
-                max_size=limit,
-                actual_size=request.content_length,
-                text=f"body of {request.content_length} bytes exceeds the {limit}-byte limit",
+            raise Refusal(
+                413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit"
             )
+
+    async def _read_body(self, request: web.Request) -> bytes:
+        limit = self.max_review_bytes
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise web.HTTPRequestEntityTooLarge(
-                max_size=limit, actual_size=limit + 1, text=f"body exceeds the {limit}-byte limit"
-            ) from None
+            raise Refusal(413, f"body exceeds the {limit}-byte limit") from None
+        except web.HTTPException as error:
+            # aiohttp's own refusal of a body it cannot take (a broken chunked encoding).
+            raise Refusal(error.status, error.text or error.reason) from None
 
     def _bad_request(self, status: int, reason: str) -> web.Response:
         log.warning("refused a request to /%s with HTTP %d: %s", self.name, status, reason)
         self.metrics.bad_requests.labels(self.name, str(status)).inc()
         return _json(status, {"error": reason})
+
+
+@asynccontextmanager
+async def _holding(semaphore: asyncio.Semaphore) -> AsyncIterator[None]:
+    async with semaphore:
+        yield
 
 
 def _caller_verified(request: web.Request) -> bool:

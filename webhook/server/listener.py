@@ -1,0 +1,153 @@
+"""Listening: the HTTPS site of one replica, bounded in connections, until it is told to stop.
+
+aiohttp's `run_app` would do the rest of this, but not bound what connections cost: a
+thousand idle TLS sessions cost about 50 MiB, and nothing stops a caller from opening
+thousands. The site here closes any connection over `MAX_CONNECTIONS` as it arrives, ends
+handshakes that take longer than `HANDSHAKE_SECONDS`, and never inflates a compressed body
+(the handlers refuse one unread). It logs that it serves only once it listens, so a port
+in use is a clear error, not a traceback after "serving on".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from collections.abc import Callable
+from typing import Any
+
+from aiohttp import web
+
+log = logging.getLogger("gpuadm.serve")
+
+# The apiserver keeps one connection per concurrent call from a small pool, and a replica
+# serves one or a few apiservers: hundreds are plenty.
+MAX_CONNECTIONS = 1024
+# The apiserver's handshake takes milliseconds; asyncio's default would let a silent caller
+# keep a half-open session for a minute.
+HANDSHAKE_SECONDS = 10.0
+# As aiohttp's run_app: an idle connection is closed after this long, and a stop waits this
+# long for the answers in flight.
+KEEPALIVE_SECONDS = 75.0
+SHUTDOWN_SECONDS = 60.0
+# How the runner serves every connection. A compressed body is never inflated: the handlers
+# refuse it with 415 unread.
+RUNNER_OPTIONS: dict[str, Any] = {
+    "access_log": None,
+    "keepalive_timeout": KEEPALIVE_SECONDS,
+    "shutdown_timeout": SHUTDOWN_SECONDS,
+    "auto_decompress": False,
+}
+
+
+class LimitedSite(web.BaseSite):
+    """A TCP site that serves at most `max_connections` at once and closes any above them.
+
+    The count is aiohttp's own list of open connections, so a connection counts from its
+    first byte after the handshake until its handler is done; a handshake has
+    `HANDSHAKE_SECONDS` to finish. `on_refused` is called for each connection closed.
+    """
+
+    __slots__ = ("_host", "_max_connections", "_on_refused", "_port")
+
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        on_refused: Callable[[], None] = lambda: None,
+        backlog: int = 128,
+    ) -> None:
+        """Listen on `host`:`port`, with TLS from `ssl_context` when given."""
+        super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._host = host
+        self._port = port
+        self._max_connections = max_connections
+        self._on_refused = on_refused
+
+    @property
+    def name(self) -> str:
+        """Return the site's URL, as aiohttp's own sites do."""
+        scheme = "https" if self._ssl_context else "http"
+        return f"{scheme}://{self._host}:{self._port}"
+
+    async def start(self) -> None:
+        """Listen; from now on connections are served, up to the limit."""
+        await super().start()
+        server = self._runner.server
+        assert server is not None
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            self._protocol_factory(server),
+            self._host,
+            self._port,
+            ssl=self._ssl_context,
+            backlog=self._backlog,
+            reuse_address=True,
+            ssl_handshake_timeout=HANDSHAKE_SECONDS if self._ssl_context else None,
+        )
+
+    def _protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
+        def protocol() -> asyncio.BaseProtocol:
+            if len(server.connections) >= self._max_connections:
+                self._on_refused()
+                return _Closing()
+            return server()
+
+        return protocol
+
+
+class _Closing(asyncio.Protocol):
+    """A connection over the limit: closed as soon as it is made, nothing read."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+def serve(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    on_refused: Callable[[], None] = lambda: None,
+    max_connections: int = MAX_CONNECTIONS,
+) -> None:
+    """Serve `app` until SIGINT or SIGTERM, then stop gracefully; raise `OSError` when the
+    address cannot be listened on."""
+    asyncio.run(_serve(app, host, port, ssl_context, on_refused, max_connections))
+
+
+async def _serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    ssl_context: ssl.SSLContext | None,
+    on_refused: Callable[[], None],
+    max_connections: int,
+) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    runner = web.AppRunner(app, **RUNNER_OPTIONS)
+    await runner.setup()
+    try:
+        site = LimitedSite(
+            runner,
+            host,
+            port,
+            ssl_context=ssl_context,
+            max_connections=max_connections,
+            on_refused=on_refused,
+        )
+        await site.start()
+        log.info("serving on %s", site.name)
+        await stop.wait()
+        log.info("stopping: answering the reviews in flight, then leaving")
+    finally:
+        await runner.cleanup()
