@@ -28,6 +28,16 @@ Patch = list[dict[str, Any]]
 DEFAULT_SCHEDULER = "default-scheduler"
 
 
+def compact_json(value: object) -> bytes:
+    """Return `value` as JSON in bytes that hold no more memory than their length.
+
+    orjson's output of under a few KiB sits in a 4 KiB allocation however short it is, so a
+    plan memo of small entries, which keeps one key and one patch each, held three times
+    what it counted. A copy is exactly as long as its text.
+    """
+    return memoryview(orjson.dumps(value)).tobytes()
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """What gpuadm does to a pod: the patch, the warnings, and what the pod costs."""
@@ -45,7 +55,7 @@ class Plan:
     patch_json: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "patch_json", orjson.dumps(self.patch))
+        object.__setattr__(self, "patch_json", compact_json(self.patch))
 
 
 NO_GPU = Plan(None, Fraction(0), [], ())
@@ -143,7 +153,7 @@ def _inputs(
     labels = metadata.get("labels") or {}
     prefix = policy.domain + "/"
     owned = {key: value for key, value in annotations.items() if key.startswith(prefix)}
-    return orjson.dumps(
+    return compact_json(
         (
             [_resources_of(spec.get("initContainers")), _resources_of(spec.get("containers"))],
             spec.get("schedulerName"),

@@ -6,14 +6,16 @@ on a miss: the key holds every field that check reads, so a hit is a pod already
 One memo belongs to one config snapshot and goes with it on reload.
 
 The memo is bounded in bytes, not only in entries: a tenant can send distinct pods of a
-megabyte each, and every one of them must not stay. Each entry is weighed when it is made
-(its key, and its patch as JSON, times what a plan object costs over its JSON), the least
-recently used go first, and a plan heavier than a small slice of the budget is not kept at
-all: such pods are one of a kind, so remembering them would only push the others out.
+megabyte each, and every one of them must not stay. Each entry is weighed when it is made,
+by the memory its objects really hold (`held_bytes`: every object reachable from the key and
+the plan, as `sys.getsizeof` counts it, plus the memo's own bookkeeping), the least recently
+used go first, and a plan heavier than a small slice of the budget is not kept at all: such
+pods are one of a kind, so remembering them would only push the others out.
 """
 
 from __future__ import annotations
 
+import sys
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -31,11 +33,10 @@ MAX_PLANS = 4096
 MAX_MEMO_BYTES = 32 * 1024 * 1024
 # No single plan heavier than this is remembered (about a 100-container pod).
 MAX_ENTRY_BYTES = MAX_MEMO_BYTES // 64
-# Measured with tracemalloc: a plan object (its patch as dicts, its warnings) takes 3.5 to
-# 4.5 times the size of its patch encoded as JSON, plus the key; 5 errs on the heavy side.
-PLAN_OBJECT_FACTOR = 5
-# Per entry, whatever its size: the OrderedDict node, the Plan and its small fields.
-ENTRY_OVERHEAD_BYTES = 1024
+# Per entry, beside its objects: the OrderedDict's node and slot, the entry's tuple, and the
+# allocator's rounding of each object (tracemalloc counts 5 to 15% above `sys.getsizeof`).
+ENTRY_OVERHEAD_BYTES = 512
+HELD_FACTOR = 1.25
 
 
 class PlanMemo:
@@ -104,8 +105,46 @@ class PlanMemo:
 
 
 def _weigh(key: bytes, found: Plan | Denial) -> int:
-    if isinstance(found, Denial):
-        encoded = len(found.message)
-    else:
-        encoded = len(found.patch_json) + sum(len(w) for w in found.warnings)
-    return len(key) + PLAN_OBJECT_FACTOR * encoded + ENTRY_OVERHEAD_BYTES
+    return int(HELD_FACTOR * held_bytes(key, found)) + ENTRY_OVERHEAD_BYTES
+
+
+def held_bytes(*roots: object) -> int:
+    """Return the bytes of every object reachable from `roots`, each counted once.
+
+    Follows what a plan is made of: containers, dataclasses and plain objects with
+    attributes. Objects shared with the policy (class names, say) are counted too: the
+    weight errs on the heavy side, never the light one.
+    """
+    seen: set[int] = set()
+    total = 0
+    stack: list[object] = list(roots)
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        total += sys.getsizeof(item)
+        if isinstance(item, (str, bytes, int, float, bool)) or item is None:
+            continue
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            stack.extend(item)
+        else:
+            stack.extend(_attributes(item))
+    return total
+
+
+def _attributes(item: object) -> list[object]:
+    names = [
+        name
+        for kind in type(item).__mro__
+        for name in getattr(kind, "__slots__", ())
+        if isinstance(name, str)
+    ]
+    values = [getattr(item, name) for name in names if hasattr(item, name)]
+    state = getattr(item, "__dict__", None)
+    if state is not None:
+        values.append(state)
+    return values

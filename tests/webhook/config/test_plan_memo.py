@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import gc
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -194,3 +196,26 @@ def test_a_malformed_pod_is_refused_even_after_its_like_was_remembered(
         with pytest.raises(Denial) as denial:
             memo.plan(bad, namespace_default_class=None)
         assert denial.value.message == fresh_denial.value.message
+
+
+def test_the_memo_weighs_what_its_entries_really_hold() -> None:
+    # Distinct small pods, as a tenant can send them: each one an entry of its own. Their
+    # weight must cover the memory the entries really take (their JSON once sat in 4 KiB
+    # allocations, three times what was counted), and not overstate it wildly either.
+    memo = PlanMemo(POLICY, max_entries=10_000, max_bytes=1 << 40)
+    bodies = []
+    for index in range(2_000):
+        body = pod({"gpuadm.io/h100": "1"})
+        body["spec"]["containers"][0]["name"] = f"c{index}"
+        bodies.append(body)
+    memoized(memo, bodies[0])
+    gc.collect()
+    tracemalloc.start()
+    before = memo.stats().weight_bytes
+    for body in bodies[1:]:
+        memoized(memo, body)
+    gc.collect()
+    taken, _ = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    weighed = memo.stats().weight_bytes - before
+    assert taken <= weighed <= 3 * taken
