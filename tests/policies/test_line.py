@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 from fractions import Fraction as F
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from policies import line as line_module
+from policies.judge import judge
 from policies.line import Line, key_of
 from policies.queue import Waiting, in_line_order, next_releases
 from policies.quotas import ALL_CLASSES
@@ -137,3 +141,33 @@ def test_the_index_keeps_line_order_as_pods_come_and_go(
     for at in range(len(order)):
         assert index.after(key_of(order[at]), 3) == order[at + 1 : at + 4]
     assert index.after(None, 2) == order[:2]
+
+
+def test_a_place_in_a_long_line_visits_only_the_pods_that_decide_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No pass over the line: with 2,000 pods waiting, a newcomer's place is decided by the
+    head of each class (the pod that does not fit), whatever the line's length."""
+    judged: list[str] = []
+    real = judge
+
+    def counting(**kwargs: Any) -> Any:
+        judged.append(kwargs["class_name"])
+        return real(**kwargs)
+
+    monkeypatch.setattr(line_module, "judge", counting)
+    long = [waiting(f"p{i:04d}", "a100", F(1), 0, i % 60) for i in range(2000)]
+    huge = [waiting(f"h{i:04d}", "t4", F(5), 0, i % 60) for i in range(2000)]  # never fit
+    index = Line([*long, *huge])
+    limits = {"a100": F(1), "t4": F(2)}
+    me = waiting("zz-new", "a100", F(1, 2), 0, 59)
+    place = index.place("team-q", me, {"a100": F(1, 2)}, limits)
+    assert place is not None
+    assert place.ahead == 2000
+    assert judged == ["a100"]  # the head of the a100 line; the t4 pods can never fit
+    judged.clear()
+    place = index.place("team-q", waiting("zz-t4", "t4", F(1), 0, 59), {}, limits)
+    assert place is None  # fits: the 2,000 t4 pods ahead of it hold back no one
+    # Nothing in use: the a100 line's head would go, the next holds its class, then the
+    # newcomer itself. None of the t4 pods that can never fit is visited.
+    assert judged == ["a100", "a100", "t4"]

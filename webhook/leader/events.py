@@ -219,6 +219,7 @@ class EventWriter:
         self._forgot_at = clock()
         self._wake = asyncio.Event()
         self.dropped = 0
+        self._dropped_logged_at = float("-inf")
         self.writes = 0
 
     def wake(self, namespace: str) -> None:
@@ -241,7 +242,16 @@ class EventWriter:
             return
         if len(self._released) >= self.queue_max and pod.uid not in self._released:
             self.dropped += 1
-            log.warning("too many Events pending: pod %s/%s is not told", pod.namespace, pod.name)
+            now = self.clock()
+            if now - self._dropped_logged_at >= FORGET_SECONDS:  # once a minute at most
+                self._dropped_logged_at = now
+                log.warning(
+                    "too many Events pending: pod %s/%s is not told it was released "
+                    "(%d not told so far)",
+                    pod.namespace,
+                    pod.name,
+                    self.dropped,
+                )
             return
         self._released[pod.uid] = pod
         self._wake.set()

@@ -19,7 +19,7 @@ from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter, PodEvents
-from webhook.leader.release import Releaser
+from webhook.leader.release import PER_TURN, Releaser
 from webhook.observe.metrics import Metrics
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
@@ -106,3 +106,157 @@ async def test_a_terminating_pod_whose_gate_is_gone_keeps_its_charge_and_its_roo
     await leader.pass_once()
     assert await stored_charges(store, "team-q") == {uid(running): 1}
     assert cluster.patched == []
+
+
+# --- fairness: a long line never holds up another namespace ----------------------------------
+
+FAIR_QUOTAS = """
+namespaces:
+  team-long: {mode: queue, a100: 100000}
+  team-full: {mode: queue, a100: 1}
+  team-b: {mode: queue, a100: 1}
+  team-c: {mode: queue, a100: 1}
+"""
+
+
+class CountingCluster(Cluster):
+    """The stand-in, counting every call, in order."""
+
+    def __init__(self, *pods: dict[str, Any]) -> None:
+        super().__init__(*pods)
+        self.calls: list[str] = []
+
+    async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"get {namespace}/{name}")
+        return await super().get_pod(namespace, name)
+
+    async def patch_pod(
+        self, namespace: str, name: str, patch: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        self.calls.append(f"patch {namespace}/{name}")
+        return await super().patch_pod(namespace, name, patch)
+
+    async def get_event(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.calls.append(f"event {namespace}")
+        return await super().get_event(namespace, name)
+
+
+def many(namespace: str, count: int, limits: dict[str, str]) -> list[dict[str, Any]]:
+    """`count` gated pods of a namespace, in line in the order made."""
+    template = stored_pod(limits, namespace, gated=True)
+    made = []
+    for i in range(count):
+        body = copy.deepcopy(template)
+        body["metadata"].update(
+            uid=f"{namespace}-{i}",
+            name=f"{namespace}-{i:05d}",
+            creationTimestamp=f"2026-01-01T00:{i // 60 % 60:02d}:{i % 60:02d}Z",
+        )
+        made.append(body)
+    return made
+
+
+def fair_leader(
+    usage: UsageIndex, ledger: QuotaLedger, cluster: Cluster, **options: Any
+) -> tuple[Releaser, EventWriter]:
+    snapshot = config(FAIR_QUOTAS)
+    stand_in: Any = cluster
+    api: AsyncApi = stand_in
+    writer = EventWriter(
+        PodEvents(api, "gpuadm-0"),
+        usage,
+        lambda namespace: ledger.placer(namespace, snapshot.quotas.limits_for(namespace)),
+        **options,
+    )
+    leader = Releaser(
+        ledger,
+        usage,
+        ConfigHolder(snapshot),
+        api,
+        writer,
+        leading=lambda: True,
+        ready=lambda: True,
+        metrics=Metrics(),
+    )
+    usage.on_change(leader.wake)
+    return leader, writer
+
+
+def observe_all(usage: UsageIndex, pods: list[dict[str, Any]]) -> None:
+    snapshot = config(FAIR_QUOTAS)
+    for body in pods:
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+
+
+async def test_a_line_of_2000_that_fit_gets_one_bounded_turn_before_another_namespace() -> None:
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    long_line = many("team-long", 2000, {"gpuadm.io/a100": "1"})
+    (other,) = many("team-b", 1, {"gpuadm.io/a100": "1"})
+    cluster = CountingCluster(*long_line, other)
+    leader, _ = fair_leader(usage, ledger, cluster)
+    observe_all(usage, long_line)  # woken first
+    observe_all(usage, [other])
+    leader._everything = False  # only the namespaces woken by the watch
+
+    await leader.pass_once()
+
+    # team-long had one turn of PER_TURN releases (a get and a patch each), then team-b.
+    assert cluster.calls.index("patch team-b/team-b-00000") == 2 * PER_TURN + 1
+    assert len(cluster.patched) == PER_TURN + 1
+    assert leader.due() == ["team-long"]  # more to release: its next turn comes after
+    assert leader.turns == 2
+
+
+async def test_a_fresh_line_of_2000_writes_no_event_before_another_namespace_is_released() -> None:
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    holder = stored_pod({"gpuadm.io/a100": "1"}, "team-full")
+    observe_all(usage, [holder])
+    long_line = many("team-full", 2000, {"gpuadm.io/a100": "1"})  # none fits
+    (other,) = many("team-b", 1, {"gpuadm.io/a100": "1"})
+    cluster = CountingCluster(*long_line, other)
+    leader, writer = fair_leader(usage, ledger, cluster)
+    observe_all(usage, long_line)
+    observe_all(usage, [other])
+
+    await leader.pass_once()  # every line: the replica just became the leader
+
+    # The whole pass: team-b's pod fetched and ungated, not one Event written on the way.
+    assert cluster.calls == ["get team-b/team-b-00000", "patch team-b/team-b-00000"]
+    assert cluster.events == {}
+    # The Events come from the writer, a bounded batch of pods at a time.
+    assert await writer.step()
+    assert len(cluster.events) == writer.batch
+    assert (
+        cluster.events["team-full", "team-full-00001.gpuadm-waiting-team-ful"]["message"]
+        == 'waiting for GPU quota: namespace "team-full": a100 quota is held for the pods ahead '
+        "(in use 1 of 1); 1 pod ahead of it in line"
+    )
+
+
+async def test_namespaces_with_more_to_release_take_turns_woken_ones_first() -> None:
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    long_line = many("team-long", 3 * PER_TURN + 5, {"gpuadm.io/a100": "1"})
+    b_pods = many("team-b", 1, {"gpuadm.io/a100": "1"})
+    c_pods = many("team-c", 1, {"gpuadm.io/a100": "1"})
+    cluster = CountingCluster(*long_line, *b_pods, *c_pods)
+    leader, _ = fair_leader(usage, ledger, cluster)
+    observe_all(usage, long_line)
+    leader._everything = False
+    await leader.pass_once()
+    assert len(cluster.patched) == PER_TURN
+    # team-b and team-c are woken while team-long still has work: it waits its turn behind
+    # them only if it is due again after them; it was due first, so it keeps its place.
+    observe_all(usage, c_pods)
+    observe_all(usage, b_pods)
+    assert leader.due() == ["team-long", "team-c", "team-b"]
+    await leader.pass_once()
+    order = [name.split("-0")[0] for name in cluster.patched[PER_TURN:]]
+    assert order == ["team-long"] * PER_TURN + ["team-c", "team-b"]
+    assert leader.due() == ["team-long"]
+    await leader.pass_once()
+    await leader.pass_once()
+    assert len(cluster.patched) == 3 * PER_TURN + 5 + 2
+    assert leader.due() == []
