@@ -44,12 +44,12 @@ RUNNER_OPTIONS: dict[str, Any] = {
 class LimitedSite(web.BaseSite):
     """A TCP site that serves at most `max_connections` at once and closes any above them.
 
-    The count is aiohttp's own list of open connections, so a connection counts from its
-    first byte after the handshake until its handler is done; a handshake has
-    `HANDSHAKE_SECONDS` to finish. `on_refused` is called for each connection closed.
+    A connection counts from the moment it is accepted: while its TLS handshake runs (which
+    has `HANDSHAKE_SECONDS` to finish), then in aiohttp's own list of open connections
+    until its handler is done. `on_refused` is called for each connection closed.
     """
 
-    __slots__ = ("_host", "_max_connections", "_on_refused", "_port")
+    __slots__ = ("_handshaking", "_host", "_max_connections", "_on_refused", "_port")
 
     def __init__(
         self,
@@ -68,6 +68,8 @@ class LimitedSite(web.BaseSite):
         self._port = port
         self._max_connections = max_connections
         self._on_refused = on_refused
+        # Handlers accepted whose handshake has not ended yet, with when it must have ended.
+        self._handshaking: dict[asyncio.BaseProtocol, float] = {}
 
     @property
     def name(self) -> str:
@@ -92,11 +94,24 @@ class LimitedSite(web.BaseSite):
         )
 
     def _protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
+        loop = asyncio.get_running_loop()
+
         def protocol() -> asyncio.BaseProtocol:
-            if len(server.connections) >= self._max_connections:
+            now = loop.time()
+            if self._handshaking:
+                # Connected (it has its transport) or given up: the open list counts the
+                # first, and the second is gone.
+                self._handshaking = {
+                    handler: deadline
+                    for handler, deadline in self._handshaking.items()
+                    if deadline > now and getattr(handler, "transport", None) is None
+                }
+            if len(server.connections) + len(self._handshaking) >= self._max_connections:
                 self._on_refused()
                 return _Closing()
-            return server()
+            handler = server()
+            self._handshaking[handler] = now + HANDSHAKE_SECONDS + 1
+            return handler
 
         return protocol
 
