@@ -31,6 +31,9 @@ from tests.e2e.gpuadm import (
 )
 from tests.e2e.scheduling import Scheduler
 
+# Quotas off, said explicitly: an empty document is a rejected edit, never "no quotas".
+NO_QUOTAS = "namespaces: {}\n"
+
 IMAGE = "registry.invalid/app:1"  # never pulled: there is no kubelet
 
 
@@ -128,7 +131,7 @@ def gpuadm(
     with contextlib.suppress(ApiException):
         core_v1.create_namespace({"metadata": {"name": NAMESPACE}})
     put_configmap(core_v1, "gpuadm-policy", "policy.yaml", POLICY_YAML)
-    put_configmap(core_v1, "gpuadm-quotas", "quotas.yaml", "")
+    put_configmap(core_v1, "gpuadm-quotas", "quotas.yaml", NO_QUOTAS)
     install_quota_view(api_client)
     processes = [GpuadmProcess(control_plane, tls, workdir, index) for index in range(3)]
     balancer = Balancer()

@@ -19,7 +19,7 @@ import jsonpatch
 from policies import load_policy, plan
 from tests.builders import POLICY_YAML, pod, review
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import Deployment
+from tests.e2e.fixtures import NO_QUOTAS, Deployment
 from tests.e2e.gpuadm import NAMESPACE
 
 FORGED_NAMESPACES = 2000
@@ -66,7 +66,7 @@ def test_forged_reviews_for_made_up_namespaces_leave_nothing_behind(
         context.load_cert_chain(*control_plane.webhook_client_files)
         answers = asyncio.run(_forge(target.port, context, FORGED_NAMESPACES))
     finally:
-        gpuadm.set_quotas("")
+        gpuadm.set_quotas(NO_QUOTAS)
 
     assert {a["allowed"] for a in answers} == {False}
     assert all("does not exist" in a["status"]["message"] for a in answers)
