@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from policies.line import Key, key_of
@@ -268,8 +269,11 @@ class EventWriter:
             progress()
             if not worked:
                 # Nothing due, or not yet: a line swept lately is swept again once allowed.
+                # Not wait_for: on Python 3.11 it swallows a cancel that comes as the event is
+                # set, and the task would outlive the leadership it was started for.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.sweep_every / 5)
+                    async with asyncio.timeout(self.sweep_every / 5):
+                        await self._wake.wait()
 
     async def step(self) -> bool:
         """Do one bounded unit of work: tell one released pod, or place up to `batch` pods
@@ -281,7 +285,7 @@ class EventWriter:
         if self._released:
             uid = next(iter(self._released))
             pod = self._released.pop(uid)
-            await self._paced(self.events.released(pod))
+            await self._paced(partial(self.events.released, pod))
             return True
         namespace = next(
             (
@@ -302,7 +306,7 @@ class EventWriter:
         for pod in pods:
             found = place(pod)
             if found is not None and self.events.due(found):
-                await self._paced(self.events.waiting_one(found))
+                await self._paced(partial(self.events.waiting_one, found))
         if len(pods) == self.batch:
             self._due[namespace] = key_of(pods[-1])  # its turn again, after the others
         elif namespace in self._again:
@@ -312,11 +316,11 @@ class EventWriter:
             self._again.discard(namespace)
         return True
 
-    async def _paced(self, write: Awaitable[bool]) -> None:
+    async def _paced(self, write: Callable[[], Awaitable[bool]]) -> None:
         """Wait for the write's turn under `rate`, then make it."""
         wait = self._next_write - self.clock()
         if wait > 0:
             await self.sleep(wait)
-        if await write:
+        if await write():
             self.writes += 1
             self._next_write = max(self._next_write, self.clock()) + 1 / self.rate

@@ -106,7 +106,10 @@ class Releaser:
         while True:
             if not self._due:  # with turns still due, no waiting: only a yield, below
                 try:
-                    await asyncio.wait_for(self._wake.wait(), self.period)
+                    # Not wait_for, which on Python 3.11 can swallow the cancel that ends
+                    # this replica's leadership if it comes as the event is set.
+                    async with asyncio.timeout(self.period):
+                        await self._wake.wait()
                 except TimeoutError:
                     self._everything = True  # the periodic pass over every line
             self._wake.clear()

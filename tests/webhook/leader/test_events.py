@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from functools import partial
 from typing import Any
 
-from tests.webhook.leader.test_release import FAIR_QUOTAS, CountingCluster, many, observe_all
+from tests.webhook.leader.test_release import (
+    FAIR_QUOTAS,
+    CountingCluster,
+    fair_leader,
+    many,
+    observe_all,
+)
 from tests.webhook.quota.test_queue_ledger import config, stored_pod
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter, PodEvents
@@ -127,3 +136,30 @@ async def test_released_pods_are_told_once_and_the_pending_ones_are_bounded() ->
         pass
     released = [k for k in cluster.events if ".gpuadm-released-" in k[1]]
     assert [name.split(".")[0] for _, name in released] == [p.name for p in told[:3]]
+
+
+async def test_leader_loops_end_when_cancelled_as_they_are_woken() -> None:
+    # On losing the Lease their tasks are cancelled; a wake in the same moment must not
+    # keep them running for a replica that no longer leads.
+    usage = UsageIndex()
+    cluster = CountingCluster()
+    writer = writer_for(usage, cluster, Clock())
+    leader, _ = fair_leader(usage, QuotaLedger(usage, MemoryStore(), pods_visible=True), cluster)
+
+    def ignore() -> None:
+        pass
+
+    runs = [(partial(writer.run, ignore), writer), (leader.run, leader)]
+    for yields in range(5):  # the cancel lands before, as and after the wait ends
+        for run, loop in runs:
+            task = asyncio.create_task(run())
+            for _ in range(3):
+                await asyncio.sleep(0)  # idle, waiting to be woken
+            loop._wake.set()
+            for _ in range(yields):
+                await asyncio.sleep(0)
+            task.cancel()
+            async with asyncio.timeout(0.5):  # well within either loop's own wait
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            assert task.cancelled()
