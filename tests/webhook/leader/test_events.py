@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable, Coroutine
 from functools import partial
 from typing import Any
 
@@ -149,13 +150,16 @@ async def test_leader_loops_end_when_cancelled_as_they_are_woken() -> None:
     def ignore() -> None:
         pass
 
-    runs = [(partial(writer.run, ignore), writer), (leader.run, leader)]
+    runs: list[tuple[Callable[[], Coroutine[Any, Any, None]], asyncio.Event]] = [
+        (partial(writer.run, ignore), writer._wake),
+        (leader.run, leader._wake),
+    ]
     for yields in range(5):  # the cancel lands before, as and after the wait ends
-        for run, loop in runs:
+        for run, woken in runs:
             task = asyncio.create_task(run())
             for _ in range(3):
                 await asyncio.sleep(0)  # idle, waiting to be woken
-            loop._wake.set()
+            woken.set()
             for _ in range(yields):
                 await asyncio.sleep(0)
             task.cancel()
