@@ -22,6 +22,7 @@ from typing import Any
 from bench import cpus, table
 from bench.endpoints import endpoint_figures
 from bench.flood import flood_figures
+from bench.queue import queue_figures
 from bench.quota import quota_figures
 from bench.vegeta import ensure_vegeta
 
@@ -69,6 +70,7 @@ def main() -> int:
         "lengths": asdict(lengths),
         "pinning": cpus.describe(),
         "quota": quota_figures(lengths.judgements),
+        "queue": queue_figures(lengths.rounds, lengths.seconds),
     }
     if not args.skip_apiserver:
         # Imported here: the Kubernetes client and the end-to-end helpers load only if used.

@@ -61,6 +61,8 @@ def context(figure: str, value: float, anchor: float, *, added: bool = False) ->
 def rows(results: dict[str, Any]) -> list[Row]:
     """Return every row the results hold, in the order of the table."""
     found = [*quota_rows(results["quota"])]
+    if "queue" in results:
+        found += queue_rows(results["queue"])
     if "endpoints" in results:
         found += endpoint_rows(results["endpoints"])
     if "flood" in results:
@@ -120,6 +122,34 @@ def quota_rows(quota: dict[str, Any]) -> list[Row]:
             "quota judgement, 100,000 vs 10 pods (us)", judgement["100000"], judgement["10"], 1.5
         ),
         below("resident memory, 100,000 vs 10 GPU pods (MB)", rss["100000"], rss["10"], 150, "MB"),
+    ]
+
+
+def queue_rows(queue: dict[str, Any]) -> list[Row]:
+    """Long lines against none: a gated judgement in its own line, admissions beside a
+    churning line of 20,000 while this replica leads, a release beside a fresh line of 2,000."""
+    long, fresh = f"{queue['long_line']:,}", f"{queue['fresh_line']:,}"
+    gated, p50, p99 = queue["gated_admission_ms"], queue["beside_p50_ms"], queue["beside_p99_ms"]
+    release = queue["release_ms"]
+    return [
+        ratio_at_most(
+            f"queue: gated judgement, {long} waiting vs none (us)",
+            gated["long"] * 1e3,
+            gated["0"] * 1e3,
+            2,
+        ),
+        ratio_at_most(
+            f"queue: admission p50, {long} waiting elsewhere (ms)", p50["long"], p50["0"], 1.5
+        ),
+        added_at_most(
+            f"queue: admission p99, {long} waiting elsewhere (ms)", p99["long"], p99["0"], 2
+        ),
+        ratio_at_most(
+            f"queue: release beside a fresh line of {fresh} (ms)",
+            release["fresh"],
+            release["0"],
+            2,
+        ),
     ]
 
 
