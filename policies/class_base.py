@@ -56,6 +56,23 @@ def _gpu_name(name: str) -> str:
 
 
 GpuName = Annotated[str, AfterValidator(_gpu_name)]
+# A namespace name (DNS-1123 label): a key of another form matches no namespace.
+NAMESPACE_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def namespace_name(name: str) -> str:
+    """Refuse a key no namespace can have: gpuadm would never apply its entry."""
+    if not NAMESPACE_NAME.match(name):
+        fixed = re.sub(r"[^a-z0-9-]+", "-", name.lower()).strip("-")
+        hint = f" (did you mean {fixed!r}?)" if fixed and NAMESPACE_NAME.match(fixed) else ""
+        raise ValueError(
+            f"{name!r} is not a namespace name, so no namespace matches it: a namespace is "
+            f"lowercase letters, digits and '-', at most 63 characters{hint}"
+        )
+    return name
+
+
+NamespaceName = Annotated[str, AfterValidator(namespace_name)]
 
 
 class Model(BaseModel):

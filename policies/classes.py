@@ -15,7 +15,8 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import Discriminator, model_validator
+from pydantic import AfterValidator, Discriminator, model_validator
+from pydantic_core import PydanticCustomError
 
 from policies.asks import Ask, Grant, MemoryShare, Whole
 from policies.class_base import Bytes, GpuName, ResourceName
@@ -252,12 +253,42 @@ class GpushareClass(ClassBase):
 _MIG_PROFILE = re.compile(r"^(?P<slices>[0-9]+)g\.")
 
 
+# A MIG profile as NVIDIA's device plugin names its resource: slices and memory (3g.40gb),
+# a compute-instance share of it (1c.3g.40gb), a media-extensions variant (1g.10gb+me).
+MIG_PROFILE = re.compile(r"^([0-9]+c\.)?[0-9]+g\.[0-9]+gb(\+me)?$")
+# No MIG profile holds less than this; a smaller value is a number missing its unit.
+SMALLEST_PROFILE = 2**30
+
+
+def _profile_name(profile: str) -> str:
+    """Refuse a profile name no device plugin offers as a resource."""
+    if not MIG_PROFILE.match(profile):
+        fixed = re.sub(r"^([0-9]+g)\.?([0-9]+gb)$", r"\1.\2", profile.lower())
+        hint = f" (did you mean {fixed}?)" if MIG_PROFILE.match(fixed) else ""
+        raise ValueError(f"{profile!r} is not a MIG profile name such as 1g.10gb or 3g.40gb{hint}")
+    return profile
+
+
+def _profile_memory(memory: Fraction) -> Fraction:
+    """Refuse memory no MIG profile has: a number written without its unit."""
+    if memory < SMALLEST_PROFILE:
+        raise ValueError(
+            f"{format_bytes(memory)} is less memory than any MIG profile has; give a unit "
+            f"(did you mean {format_amount(memory)}Gi?)"
+        )
+    return memory
+
+
+ProfileName = Annotated[str, AfterValidator(_profile_name)]
+ProfileMemory = Annotated[Bytes, AfterValidator(_profile_memory)]
+
+
 class MigClass(ClassBase):
     """MIG, mixed strategy: fixed profiles, each its own extended resource."""
 
     backend: Literal["mig"] = "mig"
     resource_prefix: str = "nvidia.com/mig-"
-    profiles: dict[str, Bytes]
+    profiles: dict[ProfileName, ProfileMemory]
     whole_profile: str | None = None
 
     @model_validator(mode="after")
@@ -266,6 +297,14 @@ class MigClass(ClassBase):
             raise ValueError("backend mig needs `memory` (the memory of the whole GPU, e.g. 80Gi)")
         if not self.profiles:
             raise ValueError("backend mig needs at least one profile, e.g. {1g.10gb: 10Gi}")
+        for profile, memory in self.profiles.items():
+            if memory > self.memory:
+                raise PydanticCustomError(
+                    "mig_profile",
+                    f"{format_bytes(memory)} is more than the memory of the class's whole GPU "
+                    f"({format_bytes(self.memory)})",
+                    {"at": ["profiles", profile]},
+                )
         if self.whole_profile is not None and self.whole_profile not in self.profiles:
             raise ValueError(
                 f"wholeProfile {self.whole_profile!r} is not one of the profiles "

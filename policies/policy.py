@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
+from policies.class_base import NamespaceName
 from policies.classes import BACKENDS, ClassBase, GpuClass, Model, VirtualGpuClass
 from policies.dra import NVIDIA_DEVICE_CLASSES, DraClass
 from policies.models import (
@@ -136,7 +137,7 @@ class Policy(Model):
 
     domain: str = "gpuadm.io"
     default_class: str | None = None
-    exempt_namespaces: list[str] = Field(default_factory=list)
+    exempt_namespaces: list[NamespaceName] = Field(default_factory=list)
     classes: dict[str, GpuClass]
     guard: Guard = Field(default_factory=Guard)
     # More DeviceClasses whose devices are GPUs, besides NVIDIA's and those of the policy's
@@ -375,4 +376,43 @@ def _model_warnings(
             f"since {STACK_NAMES[gpu_class.stack]} matches GPU types by case-insensitive "
             f"substring: {named}. List them in the class if they belong to it"
         )
+    return warnings
+
+
+# What the webhook configurations gpuadm ships send it (deploy/base, and the Helm chart's
+# `gpuResources` by default): pods with these resources, or under the shipped domain.
+ROUTED_PREFIXES = ("nvidia.com/mig-",)
+SHIPPED_DOMAIN = "gpuadm.io"
+
+
+def routing_warnings(policy: Policy) -> list[str]:
+    """Return the resources of a valid policy that the shipped webhooks never send to gpuadm.
+
+    A pod asking only for them is never reviewed: it passes without quota or rewrite. The
+    Helm chart routes more through `gpuResources.extraNames` and `extraPrefixes`.
+    """
+    routed = _default_resource_names()
+    warnings = []
+    if policy.domain != SHIPPED_DOMAIN:
+        warnings.append(
+            f"domain {policy.domain}: the kustomize base routes only {SHIPPED_DOMAIN}/ "
+            "resources to gpuadm (the Helm chart routes its policy.domain); edit the "
+            "matchConditions of both webhook configurations"
+        )
+    for name, gpu_class in policy.classes.items():
+        names = sorted(
+            n
+            for n in gpu_class.resource_names()
+            if n not in routed and not n.startswith(ROUTED_PREFIXES)
+        )
+        prefix = getattr(gpu_class, "resource_prefix", None)
+        if prefix and not prefix.startswith(ROUTED_PREFIXES):
+            names.append(prefix + "*")
+        if names:
+            warnings.append(
+                f"class {name}: the shipped webhooks never send gpuadm a pod that asks only "
+                f"for {', '.join(names)}, so such pods pass unchecked and uncounted; add them "
+                "to the Helm chart's gpuResources.extraNames (or extraPrefixes), or to the "
+                "matchConditions of both webhook configurations"
+            )
     return warnings

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from fractions import Fraction
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, PlainSerializer, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
+from pydantic_core import PydanticCustomError
 
+from policies.class_base import namespace_name
 from policies.classes import Model
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
+from policies.suggest import suggestion
 
 ALL_CLASSES = "*"
 # enforce: refuse what does not fit; warn: admit it with a warning; queue: hold it behind a
@@ -20,7 +24,17 @@ Mode = Literal["enforce", "warn", "queue"]
 ENTRY_KEYS = ("defaultClass", "mode")
 
 
+# A GPU count has no unit: a suffix that makes a size (Gi) or a multitude (k, M) of it is a
+# memory size written where a count belongs (`t4: 1.5Gi` would be 1.6 billion GPUs).
+_SIZE_SUFFIX = re.compile(r"^\s*([+-]?[0-9.]+)(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)\s*$")
+
+
 def _limit(value: object) -> Fraction:
+    if isinstance(value, str) and (sized := _SIZE_SUFFIX.match(value)):
+        raise ValueError(
+            f"{value!r} is a size, not a number of GPUs: a limit counts GPUs of the class "
+            f"(did you mean {sized.group(1)}?)"
+        )
     try:
         amount = parse_quantity(value)
     except QuantityError as error:
@@ -33,15 +47,23 @@ def _limit(value: object) -> Fraction:
 Limit = Annotated[Fraction, BeforeValidator(_limit), PlainSerializer(format_amount)]
 
 
+NamespaceName = Annotated[str, AfterValidator(namespace_name)]
+
+
 def limits_on(class_name: str, limits: Mapping[str, object]) -> list[str]:
     """Return the limits a class's pods count against: its own, and `*` (none: unlimited)."""
     return [key for key in (class_name, ALL_CLASSES) if key in limits]
 
 
-def _check_limit_keys(limits: Mapping[str, object]) -> None:
+def _check_limit_keys(limits: Mapping[str, object], *, under: tuple[str, ...] = ()) -> None:
     for key in limits:
         if key != ALL_CLASSES and not (isinstance(key, str) and CLASS_NAME.match(key)):
-            raise ValueError(f"{key!r} is neither a class name nor {ALL_CLASSES!r}")
+            raise PydanticCustomError(
+                "limit_key",
+                f"{key!r} is neither a class name (lowercase letters, digits and '-') nor "
+                f"{ALL_CLASSES!r}",
+                {"at": [*under, str(key)]},
+            )
 
 
 class NamespaceQuota(Model):
@@ -67,13 +89,13 @@ class QuotaConfig(Model):
 
     mode: Mode = "enforce"
     default: dict[str, Limit] = Field(default_factory=dict)
-    namespaces: dict[str, NamespaceQuota] = Field(default_factory=dict)
+    namespaces: dict[NamespaceName, NamespaceQuota] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _default_keys(cls, data: Any) -> Any:
         if isinstance(data, Mapping) and isinstance(data.get("default"), Mapping):
-            _check_limit_keys(data["default"])
+            _check_limit_keys(data["default"], under=("default",))
         return data
 
     def limits_for(self, namespace: str) -> Mapping[str, Fraction]:
@@ -93,18 +115,28 @@ class QuotaConfig(Model):
 
     def unknown_classes(self, policy: Policy) -> list[str]:
         """List every class this config names that the policy does not define."""
-        problems = []
+        return [
+            f"{'.'.join(path)}: {problem}" for path, problem in self.unknown_class_paths(policy)
+        ]
+
+    def unknown_class_paths(self, policy: Policy) -> list[tuple[tuple[str, ...], str]]:
+        """List (path of the key, problem) for every class this config names that the
+        policy does not define, with the closest class it has."""
+        problems: list[tuple[tuple[str, ...], str]] = []
         known = set(policy.classes)
+
+        def unknown(name: str) -> str:
+            return f"no class {name!r} in the policy{suggestion(name, known)}"
+
         for key in self.default:
             if key != ALL_CLASSES and key not in known:
-                problems.append(f"default.{key}: no such class in the policy")
+                problems.append((("default", key), unknown(key)))
         for namespace, entry in self.namespaces.items():
             for key in entry.limits:
                 if key != ALL_CLASSES and key not in known:
-                    problems.append(f"namespaces.{namespace}.{key}: no such class in the policy")
+                    problems.append((("namespaces", namespace, key), unknown(key)))
             if entry.default_class is not None and entry.default_class not in known:
                 problems.append(
-                    f"namespaces.{namespace}.defaultClass: {entry.default_class!r} is not a "
-                    "class in the policy"
+                    (("namespaces", namespace, "defaultClass"), unknown(entry.default_class))
                 )
         return problems

@@ -41,7 +41,7 @@ def test_the_bundled_example_is_valid() -> None:
     [
         pytest.param(
             "classes:\n  a:\n    backend: hami\n",
-            "policy.yaml:3: classes.a: backend hami needs `memory`",
+            "policy.yaml:2: classes.a: backend hami needs `memory`",
             id="hami-share-needs-memory",
         ),
         pytest.param(
@@ -51,12 +51,13 @@ def test_the_bundled_example_is_valid() -> None:
         ),
         pytest.param(
             "classes:\n  a:\n    backend: cuda\n",
-            "policy.yaml:3: classes.a: Input tag 'cuda'",
+            "policy.yaml:3: classes.a.backend: there is no backend 'cuda' (the backends: cgpu, ",
             id="unknown-backend",
         ),
         pytest.param(
             "classes:\n  a:\n    backend: nvidia\n    nodeSelecter: {}\n",
-            "policy.yaml:4: classes.a.nodeSelecter: Extra inputs are not permitted",
+            "policy.yaml:4: classes.a.nodeSelecter: `nodeSelecter` is not a key of a nvidia class; "
+            "did you mean `nodeSelector`?",
             id="misspelt-key",
         ),
         pytest.param(
@@ -111,7 +112,7 @@ def test_policy_errors_name_line_field_and_value(text: str, expected: str) -> No
     [
         pytest.param(
             "mode: strict\n",
-            "quotas.yaml:1: mode: Input should be 'enforce', 'warn' or 'queue'",
+            "quotas.yaml:1: mode: 'strict' is not one of enforce, warn, queue",
             id="unknown-mode",
         ),
         pytest.param(
@@ -126,7 +127,7 @@ def test_policy_errors_name_line_field_and_value(text: str, expected: str) -> No
         ),
         pytest.param(
             "default:\n  Bad_Key: 1\n",
-            "'Bad_Key' is neither a class name nor '*'",
+            "quotas.yaml:2: default.Bad_Key: 'Bad_Key' is neither a class name",
             id="bad-class-key",
         ),
     ],
@@ -149,8 +150,8 @@ def test_quota_limits_and_default_class(quotas: object) -> None:
 def test_quota_for_unknown_class_is_reported(policy: Policy) -> None:
     quotas = load_quotas("namespaces:\n  team-a:\n    b200: 1\n    defaultClass: b300\n")
     assert quotas.unknown_classes(policy) == [
-        "namespaces.team-a.b200: no such class in the policy",
-        "namespaces.team-a.defaultClass: 'b300' is not a class in the policy",
+        "namespaces.team-a.b200: no class 'b200' in the policy",
+        "namespaces.team-a.defaultClass: no class 'b300' in the policy",
     ]
 
 

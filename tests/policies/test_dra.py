@@ -209,7 +209,8 @@ def test_a_dra_class_takes_its_own_device_class_and_driver() -> None:
         ),
         pytest.param(
             "deviceClass: gpu.nvidia.com",
-            "policy.yaml:4: classes.g.deviceClass: Extra inputs are not permitted",
+            "policy.yaml:4: classes.g.deviceClass: `deviceClass` is not a key of a dra class; "
+            "did you mean `deviceClassName`?",
             id="misspelt-key",
         ),
     ],

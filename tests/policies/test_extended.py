@@ -454,7 +454,7 @@ BASE = "classes:\n  a:\n"
         ),
         pytest.param(
             BASE + "    backend: qgpu\n    memory: 16G\n    computePerGpu: 98\n",
-            "policy.yaml:3: classes.a: computeStep 5 does not divide computePerGpu 98",
+            "policy.yaml:2: classes.a: computeStep 5 does not divide computePerGpu 98",
             id="preset-step-does-not-divide-a-new-worth",
         ),
         pytest.param(
@@ -464,7 +464,7 @@ BASE = "classes:\n  a:\n"
         ),
         pytest.param(
             BASE + "    backend: extended\n",
-            "policy.yaml:3: classes.a.resources: Field required",
+            "policy.yaml:2: classes.a.resources: missing: an extended class needs `resources`",
             id="no-resources",
         ),
         pytest.param(
@@ -476,7 +476,7 @@ BASE = "classes:\n  a:\n"
         ),
         pytest.param(
             BASE + "    backend: qgpu\n    resources: {memory: null}\n",
-            "policy.yaml:3: classes.a: share lists memory, but resources names no memory",
+            "policy.yaml:2: classes.a: share lists memory, but resources names no memory",
             id="preset-share-needs-a-dimension-the-admin-removed",
         ),
         pytest.param(
@@ -488,12 +488,12 @@ BASE = "classes:\n  a:\n"
         pytest.param(
             BASE + "    backend: extended\n    resources: {compute: example.com/c}\n"
             "    share: [count]\n",
-            "classes.a.share.0: Input should be 'compute' or 'memory'",
+            "classes.a.share.0: 'count' is not one of compute, memory",
             id="a-share-carries-no-count",
         ),
         pytest.param(
             BASE + "    backend: extended\n    resources: {count: example.com/gpu}\n",
-            "policy.yaml:3: classes.a: a share must carry compute or memory",
+            "policy.yaml:2: classes.a: a share must carry compute or memory",
             id="count-only-stack-must-be-unshareable",
         ),
         pytest.param(
@@ -515,13 +515,13 @@ BASE = "classes:\n  a:\n"
         pytest.param(
             BASE
             + "    backend: extended\n    memory: 16Gi\n    resources: {memory: example.com/m}\n",
-            "policy.yaml:3: classes.a: resources.memory (example.com/m) is declared, so "
+            "policy.yaml:2: classes.a: resources.memory (example.com/m) is declared, so "
             "memoryUnit is needed",
             id="memory-without-a-unit",
         ),
         pytest.param(
             BASE + "    backend: cgpu\n",
-            "policy.yaml:3: classes.a: backend cgpu declares GPU memory (aliyun.com/gpu-mem), "
+            "policy.yaml:2: classes.a: backend cgpu declares GPU memory (aliyun.com/gpu-mem), "
             "so it needs `memory`",
             id="preset-needs-the-gpus-memory",
         ),
@@ -532,7 +532,7 @@ BASE = "classes:\n  a:\n"
         ),
         pytest.param(
             BASE + "    backend: mgpu\n    memory: 128Mi\n",
-            "policy.yaml:3: classes.a: memoryMin 256 is more than one GPU holds",
+            "policy.yaml:2: classes.a: memoryMin 256 is more than one GPU holds",
             id="minimum-above-a-gpu",
         ),
         pytest.param(
@@ -553,7 +553,8 @@ BASE = "classes:\n  a:\n"
         ),
         pytest.param(
             BASE + "    backend: qgpu\n    memory: 16G\n    memoryUnitt: 1Gi\n",
-            "policy.yaml:5: classes.a.memoryUnitt: Extra inputs are not permitted",
+            "policy.yaml:5: classes.a.memoryUnitt: `memoryUnitt` is not a key of a qgpu class; "
+            "did you mean `memoryUnit`?",
             id="misspelt-key",
         ),
     ],

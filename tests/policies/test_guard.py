@@ -771,7 +771,8 @@ def test_every_rule_is_on_by_default(policy: Policy) -> None:
     [
         pytest.param(
             "guard:\n  visibleDevicesEnvs: false\n",
-            "guard.visibleDevicesEnvs: Extra inputs are not permitted",
+            "guard.visibleDevicesEnvs: `visibleDevicesEnvs` is not a key of guard; "
+            "did you mean `visibleDevicesEnv`?",
             id="misspelt-key",
         ),
         pytest.param(

@@ -318,7 +318,7 @@ def test_a_policy_that_cannot_be_exact_is_refused_naming_both_classes_and_models
     with pytest.raises(ConfigError) as error:
         policy_of(classes)
     message = "; ".join(error.value.problems)
-    assert "policy.yaml:2: classes: class" in message
+    assert "policy.yaml:1: classes: class" in message
     for part in named:
         assert part in message
 

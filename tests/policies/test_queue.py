@@ -554,17 +554,17 @@ def test_mode_and_default_class_sit_beside_the_limits() -> None:
     [
         pytest.param(
             "namespaces:\n  team-q: {mode: fifo, a100: 1}\n",
-            "namespaces.team-q.mode: Input should be 'enforce', 'warn' or 'queue' (got 'fifo')",
+            "namespaces.team-q.mode: 'fifo' is not one of enforce, warn, queue",
             id="unknown-namespace-mode",
         ),
         pytest.param(
             "namespaces:\n  team-q: {mode: 1, a100: 1}\n",
-            "namespaces.team-q.mode: Input should be 'enforce', 'warn' or 'queue' (got 1)",
+            "namespaces.team-q.mode: 1 is not one of enforce, warn, queue",
             id="number-as-mode",
         ),
         pytest.param(
             "mode: later\n",
-            "mode: Input should be 'enforce', 'warn' or 'queue' (got 'later')",
+            "mode: 'later' is not one of enforce, warn, queue",
             id="unknown-file-mode",
         ),
         pytest.param(

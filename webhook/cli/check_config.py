@@ -1,68 +1,316 @@
-"""`gpuadm check-config`: validate policy and quota files, or ConfigMaps holding them."""
+"""`gpuadm check-config`: validate policy and quota files, ConfigMaps, rendered manifests
+and Helm values, as `gpuadm serve` would read them.
+
+What a file holds is known by how it is given (`--policy`, `--quotas`), by the ConfigMap key
+it sits under, or by the file's name. Only a file whose name says neither is read by its
+keys, as the kind they match best, and the check says so.
+"""
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import yaml
 
-from policies import ConfigError, load_policy, load_quotas, policy_warnings
-from webhook.cli.exits import ExitCode
+from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
+from policies.loading import line_of
+from policies.policy import routing_warnings
+from policies.suggest import suggestion
+from webhook.cli.exits import CommandError, ExitCode
+
+Kind = Literal["policy", "quotas"]
+# What `gpuadm serve` reads in a cluster: these keys of these ConfigMaps, and nothing else.
+CONFIG_MAPS: dict[Kind, tuple[str, str]] = {
+    "policy": ("gpuadm-policy", "policy.yaml"),
+    "quotas": ("gpuadm-quotas", "quotas.yaml"),
+}
+KEYS: dict[Kind, frozenset[str]] = {
+    "policy": frozenset(f.alias or n for n, f in Policy.model_fields.items()),
+    "quotas": frozenset(f.alias or n for n, f in QuotaConfig.model_fields.items()),
+}
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpuadm check-config` to the command line."""
-    check = sub.add_parser("check-config", help="validate policy and quota files")
-    check.add_argument("files", type=Path, nargs="+", help="policy.yaml, quotas.yaml or ConfigMaps")
+    check = sub.add_parser(
+        "check-config",
+        help="validate policy and quota files, ConfigMaps, rendered manifests or Helm values",
+        description="Validate gpuadm's config as `gpuadm serve` reads it. A file is a policy or "
+        "quotas by its name (policy*.yaml, quota*.yaml), by its ConfigMap key, or by "
+        "--policy/--quotas; values*.yaml is a Helm values file; - reads stdin "
+        "(e.g. `helm template ... | gpuadm check-config -`).",
+    )
+    check.add_argument("files", nargs="*", help="files to check; - for stdin")
+    check.add_argument("--policy", action="append", default=[], help="a policy file")
+    check.add_argument("--quotas", action="append", default=[], help="a quotas file")
     check.set_defaults(run=run)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One config found in a file: its kind, where it is, and its text."""
+
+    kind: Kind
+    source: str
+    text: str
+    first_line: int
+
+
+@dataclass
+class Findings:
+    """What reading the files found: configs, problems, warnings and notes."""
+
+    parts: list[Part]
+    problems: list[str]
+    warnings: list[str]
+    notes: list[str]
 
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Validate each file; print every problem, or a line saying all is well.
 
-    Warnings (a valid policy that may not do what its author meant) do not fail the check.
+    Warnings (a valid config that may not do what its author meant) do not fail the check.
     """
-    problems: list[str] = []
-    policies, quotas = [], []
-    for path in args.files:
+    given: list[tuple[str, Kind | None]] = [
+        *((name, "policy") for name in args.policy),
+        *((name, "quotas") for name in args.quotas),
+        *((name, None) for name in args.files),
+    ]
+    if not given:
+        raise CommandError("give the files to check (or - for stdin)")
+    found = Findings([], [], [], [])
+    for name, kind in given:
+        _read(name, _text_of(name), kind, found)
+    policies: list[tuple[Part, Policy]] = []
+    quotas: list[tuple[Part, QuotaConfig]] = []
+    for part in found.parts:
         try:
-            for key, text in _config_texts(path):
-                source = f"{path}[{key}]" if key else str(path)
-                if _is_policy(key, text):
-                    policies.append(load_policy(text, source=source))
-                else:
-                    quotas.append((source, load_quotas(text, source=source)))
+            if part.kind == "policy":
+                policies.append(
+                    (part, load_policy(part.text, source=part.source, first_line=part.first_line))
+                )
+            else:
+                quotas.append(
+                    (part, load_quotas(part.text, source=part.source, first_line=part.first_line))
+                )
         except ConfigError as error:
-            problems += error.problems
-        except (OSError, yaml.YAMLError) as error:
-            problems.append(f"{path}: {error}")
-    for policy in policies:
-        for source, quota in quotas:
-            problems += [f"{source}: {problem}" for problem in quota.unknown_classes(policy)]
-    for problem in problems:
+            found.problems += error.problems
+    for policy_part, policy in policies:
+        for part, quota in quotas:
+            for path, problem in quota.unknown_class_paths(policy):
+                line = line_of(part.text, path, first_line=part.first_line) or part.first_line
+                found.problems.append(
+                    f"{part.source}:{line}: {'.'.join(path)}: {problem} ({policy_part.source})"
+                )
+        for warning in [*policy_warnings(policy), *routing_warnings(policy)]:
+            found.warnings.append(f"{_at(policy_part, warning)}: {warning}")
+    for note in found.notes:
+        print(f"note: {note}")
+    for problem in found.problems:
         print(problem)
-    for policy in policies:
-        for warning in policy_warnings(policy):
-            print(f"warning: {warning}")
-    if problems:
+    for warning in found.warnings:
+        print(f"warning: {warning}")
+    if found.problems:
+        return ExitCode.REFUSED
+    if not found.parts:
+        print("no policy or quotas found: nothing was checked")
         return ExitCode.REFUSED
     print(f"ok: {len(policies)} policy and {len(quotas)} quota config(s) are valid")
     return ExitCode.OK
 
 
-def _config_texts(path: Path) -> list[tuple[str, str]]:
-    """Return (key, text) of each config in a file: itself, or the data of a ConfigMap."""
-    text = path.read_text()
-    document = yaml.safe_load(text)
-    if isinstance(document, dict) and document.get("kind") == "ConfigMap":
-        data = document.get("data") or {}
-        return [(key, str(value)) for key, value in data.items() if key.endswith((".yaml", ".yml"))]
-    return [("", text)]
+def _at(part: Part, warning: str) -> str:
+    """Where a policy warning points: the line of the class it names, else the file."""
+    named = re.match(r"class ([a-z0-9-]+)\b", warning)
+    if named:
+        line = line_of(part.text, ["classes", named.group(1)], first_line=part.first_line)
+        if line is not None:
+            return f"{part.source}:{line}"
+    return part.source
 
 
-def _is_policy(key: str, text: str) -> bool:
-    if key:
-        return key.startswith("policy")
-    document = yaml.safe_load(text)
-    return isinstance(document, dict) and "classes" in document
+def _text_of(name: str) -> str:
+    try:
+        return sys.stdin.read() if name == "-" else Path(name).read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        raise CommandError(f"cannot read {name}: {reason}") from None
+
+
+def _kind_by_name(name: str) -> Kind | Literal["values"] | None:
+    stem = Path(name).name.lower()
+    says = [kind for kind, word in (("policy", "polic"), ("quotas", "quota")) if word in stem]
+    if len(says) == 1:
+        return says[0]  # type: ignore[return-value]
+    return "values" if stem.startswith("values") else None
+
+
+def _read(name: str, text: str, kind: Kind | None, found: Findings) -> None:
+    """Find the configs of one file, however it holds them."""
+    source = "(stdin)" if name == "-" else name
+    try:
+        documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if not _null(d)]
+    except (yaml.YAMLError, RecursionError):
+        # Not YAML, or not one the reader takes apart: the loader says where and why.
+        documents = []
+        what = kind or _kind_by_name(name)
+        found.parts.append(
+            Part(what if what in ("policy", "quotas") else "policy", source, text, 1)
+        )
+        return
+    if not documents:
+        what = kind or _kind_by_name(name)
+        if what in ("policy", "quotas"):
+            found.parts.append(Part(what, source, text, 1))
+        else:
+            found.problems.append(f"{source}:1: the file is empty: neither a policy nor quotas")
+        return
+    single = len(documents) == 1
+    for document in documents:
+        _document(source, name, text, document, kind, single, found)
+
+
+def _document(
+    source: str,
+    name: str,
+    text: str,
+    node: yaml.Node,
+    kind: Kind | None,
+    single: bool,
+    found: Findings,
+) -> None:
+    keys = _scalar_keys(node)
+    manifest_kind = keys.get("kind")
+    if isinstance(manifest_kind, yaml.ScalarNode) and "apiVersion" in keys:
+        if manifest_kind.value == "ConfigMap":
+            _config_map(source, text, node, found)
+        elif manifest_kind.value == "List":
+            items = keys.get("items")
+            for item in items.value if isinstance(items, yaml.SequenceNode) else []:
+                _document(source, name, text, item, kind, False, found)
+        return  # another object of a rendered manifest: not gpuadm's config
+    whole = text if single else _block(text, node)
+    first = 1 if single else node.start_mark.line + 1
+    if kind is not None:
+        found.parts.append(Part(kind, source, whole, first))
+        return
+    by_name = _kind_by_name(name)
+    if by_name == "values" or (by_name is None and _looks_like_values(keys)):
+        _values(source, text, keys, found)
+        return
+    if by_name is not None:
+        found.parts.append(Part(by_name, source, whole, first))
+        return
+    guessed = _guess(keys)
+    found.notes.append(
+        f"{source}: its name says neither policy nor quotas; read as {guessed}, whose keys "
+        f"it matches best (name it {guessed}.yaml, or give --{guessed} {name})"
+    )
+    found.parts.append(Part(guessed, source, whole, first))
+
+
+def _config_map(source: str, text: str, node: yaml.Node, found: Findings) -> None:
+    """Check a ConfigMap as `serve` reads it: only its name's one key counts."""
+    keys = _scalar_keys(node)
+    name = _scalar_keys(keys.get("metadata")).get("name")
+    map_name = name.value if isinstance(name, yaml.ScalarNode) else ""
+    data = keys.get("data")
+    entries = data.value if isinstance(data, yaml.MappingNode) else []
+    by_map = {m: kind for kind, (m, _) in CONFIG_MAPS.items()}
+    by_key = {k: kind for kind, (_, k) in CONFIG_MAPS.items()}
+    if map_name not in by_map and not any(str(k.value) in by_key for k, _ in entries):
+        return  # another ConfigMap of a rendered manifest (the dashboard, ...)
+    for key_node, value in entries:
+        key = str(key_node.value)
+        line = key_node.start_mark.line + 1
+        where = source
+        kind = by_map.get(map_name) or by_key.get(key)
+        expected = CONFIG_MAPS[kind][1] if kind else ""
+        if kind is None or key != expected:
+            wanted = sorted(by_key) if kind is None else [expected]
+            found.problems.append(
+                f"{where}:{line}: data.{key}: gpuadm reads only "
+                + " and ".join(f"`{k}` from ConfigMap {CONFIG_MAPS[by_key[k]][0]}" for k in wanted)
+                + f", so this key is never read{suggestion(key, wanted)}"
+            )
+            kind = kind or by_key.get(_closest(key, by_key)) or "policy"
+        if not isinstance(value, yaml.ScalarNode):
+            found.problems.append(f"{where}:{line}: data.{key}: a ConfigMap's data is text")
+            continue
+        block = value.style in ("|", ">")
+        first = value.start_mark.line + 2 if block else line
+        found.parts.append(Part(kind, source, value.value, first))
+
+
+def _values(source: str, text: str, keys: dict[str, yaml.Node], found: Findings) -> None:
+    """Check the `policy` and `quotas` of a Helm values file, at their lines in it."""
+    kinds: tuple[Kind, ...] = ("policy", "quotas")
+    for kind in kinds:
+        node = keys.get(kind)
+        if node is None or _null(node):
+            continue
+        first = node.start_mark.line + 1
+        found.parts.append(Part(kind, source, _block(text, node), first))
+    if "policy" not in keys and "quotas" not in keys:
+        found.problems.append(f"{source}:1: a values file without `policy` or `quotas`")
+
+
+def _block(text: str, node: yaml.Node) -> str:
+    """Return a nested mapping's own lines, shifted left to be a document of their own."""
+    lines = text.splitlines()
+    start, end = node.start_mark.line, node.end_mark.line
+    if node.end_mark.column > 0:
+        end += 1
+    column = node.start_mark.column
+    out = []
+    for line in lines[start:end]:
+        body = line.lstrip(" ")
+        if not body or body.startswith("#"):
+            out.append("")
+        elif len(line) - len(body) >= column:
+            out.append(line[column:])
+        else:
+            break
+    # The first line may start mid-line (`policy: {a: 1}`): keep only the node's part.
+    if out and start < len(lines) and len(lines[start]) - len(lines[start].lstrip(" ")) < column:
+        out[0] = lines[start][column:]
+    return "\n".join(out) + "\n"
+
+
+def _scalar_keys(node: yaml.Node | None) -> dict[str, yaml.Node]:
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {str(k.value): v for k, v in node.value if isinstance(k, yaml.ScalarNode)}
+
+
+def _looks_like_values(keys: dict[str, yaml.Node]) -> bool:
+    return any(isinstance(keys.get(k), yaml.MappingNode) for k in ("policy", "quotas")) and not (
+        keys.keys() & (KEYS["policy"] | KEYS["quotas"])
+    )
+
+
+def _guess(keys: dict[str, yaml.Node]) -> Kind:
+    """The kind whose keys a mapping's keys match best: exact matches, then near ones."""
+
+    def score(kind: Kind) -> tuple[int, int]:
+        exact = sum(1 for key in keys if key in KEYS[kind])
+        near = sum(1 for key in keys if key not in KEYS[kind] and suggestion(key, KEYS[kind]))
+        return exact, near
+
+    return "quotas" if score("quotas") > score("policy") else "policy"
+
+
+def _closest(key: str, choices: dict[str, Kind]) -> str:
+    for choice in choices:
+        if suggestion(key, [choice]) or key.split(".")[0] in choice:
+            return choice
+    return ""
+
+
+def _null(node: yaml.Node) -> bool:
+    return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"

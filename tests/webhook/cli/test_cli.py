@@ -195,7 +195,8 @@ def test_check_config_reads_configmaps(tmp_path: Path, capsys: pytest.CaptureFix
     path.write_text(yaml.safe_dump(configmap))
     assert main(["check-config", str(path)]) == 1
     out = capsys.readouterr().out
-    assert f"{path}[quotas.yaml]:3: namespaces.team-a.a100: -2 is negative" in out
+    # Lines count in the manifest, not in the embedded block.
+    assert f"{path}:5: namespaces.team-a.a100: -2 is negative" in out
 
 
 def test_check_config_reports_quota_classes_missing_from_the_policy(
@@ -204,12 +205,15 @@ def test_check_config_reports_quota_classes_missing_from_the_policy(
     quotas = tmp_path / "quotas.yaml"
     quotas.write_text("namespaces:\n  team-a:\n    b200: 1\n")
     assert main(["check-config", str(POLICY), str(quotas)]) == 1
-    assert "namespaces.team-a.b200: no such class in the policy" in capsys.readouterr().out
+    assert (
+        f"{quotas}:3: namespaces.team-a.b200: no class 'b200' in the policy ({POLICY})"
+        in capsys.readouterr().out
+    )
 
 
 def test_check_config_of_a_missing_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check-config", str(tmp_path / "nope.yaml")]) == 1
-    assert "No such file" in capsys.readouterr().out
+    assert main(["check-config", str(tmp_path / "nope.yaml")]) == 2
+    assert f"gpuadm: cannot read {tmp_path / 'nope.yaml'}: No such file" in capsys.readouterr().err
 
 
 def test_review_judges_the_pod_against_the_namespace_quota(
@@ -252,7 +256,7 @@ def test_check_config_warns_of_a_hami_class_without_models(
     policy.write_text("classes:\n  any:\n    backend: hami\n    memory: 80Gi\n")
     assert main(["check-config", str(policy)]) == 0
     out = capsys.readouterr().out
-    assert "warning: class any (hami) lists neither `models` nor `gpuTypes`" in out
+    assert f"warning: {policy}:2: class any (hami) lists neither `models` nor `gpuTypes`" in out
     assert "ok: 1 policy and 0 quota config(s) are valid" in out
 
 
@@ -268,7 +272,7 @@ def test_check_config_names_a_known_gpu_a_class_cannot_keep_off(
     )
     assert main(["check-config", str(policy)]) == 0
     out = capsys.readouterr().out
-    assert "warning: class ada (hami): its pods may also land on GPU models it does not list" in out
+    assert f"warning: {policy}:2: class ada (hami): its pods may also land on GPU models" in out
     assert "'NVIDIA L40' (use-gputype entry 'NVIDIA L4' matches it" in out
     assert "ok: 1 policy and 0 quota config(s) are valid" in out
 

@@ -52,7 +52,7 @@ def test_config_edits_apply_live_and_bad_edits_keep_the_last_good_one(
     policy.write_text("classes: {b200: {backend: nope}}\n")
     log = Path(server.log.name)
     assert _eventually(lambda: "config not reloaded" in log.read_text())
-    assert "Input tag 'nope'" in log.read_text()
+    assert "classes.b200.backend: there is no backend 'nope'" in log.read_text()
     assert server.post("/mutate", body)[1]["response"]["allowed"] is True
 
 
@@ -67,7 +67,7 @@ def test_refuses_to_start_on_an_invalid_policy(tmp_path: Path) -> None:
         timeout=60,
     )
     assert result.returncode == 2
-    assert f"{policy}:3: classes.a: backend hami needs `memory`" in result.stderr
+    assert f"{policy}:2: classes.a: backend hami needs `memory`" in result.stderr
 
 
 @pytest.mark.parametrize(
