@@ -103,6 +103,7 @@ class Releaser:
 
     async def run(self) -> None:
         """Take turns over the lines until cancelled."""
+        self._everything = True  # a start, or a restart after a failure: look at every line
         while True:
             if not self._due:  # with turns still due, no waiting: only a yield, below
                 try:
@@ -117,11 +118,9 @@ class Releaser:
                 self._due.clear()
                 self._everything = True  # whatever changed meanwhile is seen on the next pass
                 continue
-            try:
-                await self.pass_once()
-            except Exception:  # one bad pass must not end releasing for good
-                log.exception("releasing waiting pods failed; retrying")
-                self._everything = True
+            # A pass that fails raises to the supervisor, which logs it once, counts it and
+            # starts this loop again after a backoff, with a pass over every line.
+            await self.pass_once()
             await asyncio.sleep(0)  # let admissions in between rounds of turns
 
     async def pass_once(self) -> None:

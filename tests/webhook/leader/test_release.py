@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 import jsonpatch
+import pytest
 
 from tests.webhook.quota.test_queue_ledger import (
     config,
@@ -260,3 +262,25 @@ async def test_namespaces_with_more_to_release_take_turns_woken_ones_first() -> 
     await leader.pass_once()
     assert len(cluster.patched) == 3 * PER_TURN + 5 + 2
     assert leader.due() == []
+
+
+async def test_a_failing_pass_reaches_the_supervisor_and_a_restart_looks_at_every_line() -> None:
+    # A pass that fails is not swallowed (logged with a traceback on every pass, uncounted):
+    # it ends the loop, so the supervisor logs it once, counts it and restarts it.
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    leader = releaser(ledger, usage, Cluster())
+    passes: list[bool] = []
+
+    async def failing_pass() -> None:
+        passes.append(leader._everything)
+        leader._everything = False  # as a real pass does first
+        raise RuntimeError("the apiserver answered nonsense")
+
+    leader.pass_once = failing_pass  # type: ignore[method-assign]
+    leader.wake("team-q")
+    with pytest.raises(RuntimeError, match="nonsense"):
+        await asyncio.wait_for(leader.run(), timeout=10)
+    with pytest.raises(RuntimeError):
+        await asyncio.wait_for(leader.run(), timeout=10)
+    assert passes == [True, True]
