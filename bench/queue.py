@@ -170,10 +170,10 @@ class Leader:
         self.writer = EventWriter(
             PodEvents(api, "bench"),
             self.usage,
-            lambda ns: self.ledger.placer(ns, config.quotas.limits_for(ns)),
+            lambda ns: self.ledger.line.placer(ns, config.quotas.limits_for(ns)),
         )
         self.releaser = Releaser(
-            self.ledger,
+            self.ledger.line,
             self.usage,
             ConfigHolder(config),
             api,

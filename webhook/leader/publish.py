@@ -24,7 +24,7 @@ from policies.quotas import ALL_CLASSES
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import GPUADM_API, AsyncApi
-from webhook.quota.ledger import QuotaLedger
+from webhook.quota.line import QueueLine
 from webhook.quota.report import ClassReport, namespace_report, reported_namespaces
 from webhook.quota.usage import UsageIndex
 
@@ -64,7 +64,7 @@ class QuotaPublisher:
 
     def __init__(
         self,
-        ledger: QuotaLedger,
+        line: QueueLine,
         usage: UsageIndex,
         config: ConfigHolder,
         api: AsyncApi,
@@ -74,7 +74,7 @@ class QuotaPublisher:
         full_every: float = FULL_EVERY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ledger = ledger
+        self.line = line
         self.usage = usage
         self.config = config
         self.api = api
@@ -135,7 +135,7 @@ class QuotaPublisher:
                     quotas,
                     self.usage.namespaces(),
                     self.usage.waiting_namespaces(),
-                    await self.ledger.store.namespaces(),
+                    await self.line.recorded_namespaces(),
                 )
             ) | set(self._published)
         else:
@@ -157,8 +157,7 @@ class QuotaPublisher:
         self, namespace: str, published_all: dict[str, dict[str, tuple[Any, dict[str, Any]]]]
     ) -> None:
         quotas = self.config.current.quotas
-        await self.ledger.refresh(namespace)
-        reserved = self.ledger.reserved(namespace)
+        reserved = await self.line.reserved(namespace)
         reports = namespace_report(
             namespace,
             quotas,

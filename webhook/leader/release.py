@@ -6,7 +6,7 @@ becomes the leader, and every `period` seconds (reservations expire without any 
 Due namespaces take turns, those woken first, in the order they were woken, then the rest;
 a namespace woken again while due keeps its place. Each turn:
 
-1. charges the pods that fit, in line order, through the ledger's record (`QuotaLedger.
+1. charges the pods that fit, in line order, through the namespace's record (`QueueLine.
    release`): a compare-and-swap write, like an admission's; at most `per_turn` pods, found
    through the line's index without visiting the line;
 2. removes each charged pod's gate, with a JSON patch that tests the pod's uid and the gate,
@@ -37,7 +37,7 @@ from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter
 from webhook.observe.metrics import Metrics
-from webhook.quota.ledger import QuotaLedger
+from webhook.quota.line import QueueLine
 from webhook.quota.usage import UsageIndex
 
 log = logging.getLogger("gpuadm.release")
@@ -56,7 +56,7 @@ class Releaser:
 
     def __init__(
         self,
-        ledger: QuotaLedger,
+        line: QueueLine,
         usage: UsageIndex,
         config: ConfigHolder,
         api: AsyncApi,
@@ -69,7 +69,7 @@ class Releaser:
         per_turn: int = PER_TURN,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.ledger = ledger
+        self.line = line
         self.usage = usage
         self.config = config
         self.api = api
@@ -146,7 +146,7 @@ class Releaser:
         self.turns += 1
         snapshot = self.config.current
         try:
-            to_release, turn = await self.ledger.release(
+            to_release, turn = await self.line.release(
                 namespace,
                 snapshot.quotas,
                 skip=frozenset(self._released),
@@ -200,4 +200,4 @@ class Releaser:
 
     async def _gone(self, pod: Waiting) -> None:
         log.info("pod %s/%s left the line before its release", pod.namespace, pod.name)
-        await self.ledger.unreserve(pod.namespace, pod.uid)
+        await self.line.unreserve(pod.namespace, pod.uid)

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Coroutine
-from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -25,11 +23,13 @@ from webhook.leader.lease import LeaseElector
 from webhook.leader.publish import QuotaPublisher
 from webhook.leader.release import Releaser
 from webhook.observe.audit_log import AuditLog
-from webhook.observe.metrics import Metrics, QueueReading
+from webhook.observe.metrics import Metrics
+from webhook.quota.book import ReservationBook
 from webhook.quota.configmap_store import ConfigMapStore
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.namespaces import KnownNamespaces
 from webhook.quota.podwatch import PodWatcher
+from webhook.quota.readings import export_quota
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
 from webhook.server.app import create_app
@@ -68,7 +68,7 @@ def standalone_app(
     )
     usage = UsageIndex()
     ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False, metrics=metrics)
-    export_quota(metrics, ledger, holder, usage)
+    export_quota(metrics, ledger.book, holder, usage)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
     if config.quotas.mode == "queue" or any(
         entry.mode == "queue" for entry in config.quotas.namespaces.values()
@@ -126,7 +126,7 @@ def cluster_app(
         metrics=metrics,
         namespace_exists=KnownNamespaces(api).exists,
     )
-    export_quota(metrics, ledger, holder, usage)
+    export_quota(metrics, ledger.book, holder, usage)
     templates = ClusterTemplates(api, holder)
     elector = LeaseElector(
         api,
@@ -138,11 +138,13 @@ def cluster_app(
     events = EventWriter(
         PodEvents(api, settings.identity or "gpuadm"),
         usage,
-        lambda namespace: ledger.placer(namespace, holder.current.quotas.limits_for(namespace)),
+        lambda namespace: ledger.line.placer(
+            namespace, holder.current.quotas.limits_for(namespace)
+        ),
         ready=lambda: pods.ready() and holder.loaded,
     )
     releaser = Releaser(
-        ledger,
+        ledger.line,
         usage,
         holder,
         api,
@@ -151,7 +153,7 @@ def cluster_app(
         ready=pods.ready,
         metrics=metrics,
     )
-    publisher = QuotaPublisher(ledger, usage, holder, api, ready=pods.ready)
+    publisher = QuotaPublisher(ledger.line, usage, holder, api, ready=pods.ready)
     usage.on_change(releaser.wake)
     usage.on_change(publisher.wake)
     holder.on_change(releaser.wake_all)
@@ -182,7 +184,7 @@ def cluster_app(
         background=[
             Background("configmaps", config.run, stale_after=CONFIG_WATCH_STALE_SECONDS),
             Background("pods", pods.run),
-            Background("prune", partial(_prune_forever, ledger)),
+            Background("prune", partial(_prune_forever, ledger.book)),
             Background("claim-templates", templates.run),
             Background("lease", elector.run),
             Background("leader-work", leader_work.run),
@@ -193,38 +195,12 @@ def cluster_app(
     )
 
 
-def export_quota(
-    metrics: Metrics, ledger: QuotaLedger, holder: ConfigHolder, usage: UsageIndex
-) -> None:
-    """Export, at each scrape, what the ledger's namespaces hold under the quotas in force,
-    and the lines of waiting pods."""
-    metrics.watch_quota(lambda: ledger.readings(holder.current.quotas) if holder.loaded else [])
-    metrics.watch_queue(lambda: queue_readings(usage, time.time()))
-
-
-def queue_readings(usage: UsageIndex, now: float) -> list[QueueReading]:
-    """Return each line's length and its longest wait, per namespace and class."""
-    readings = []
-    for namespace in sorted(usage.waiting_namespaces()):
-        # Counted by the line's index, per class, with its oldest pod: no pass over the line.
-        for class_name, (count, oldest) in sorted(usage.line(namespace).by_class().items()):
-            readings.append(QueueReading(namespace, class_name, count, _since(oldest, now)))
-    return readings
-
-
-def _since(created: str, now: float) -> float:
-    try:
-        return max(0.0, now - datetime.fromisoformat(created).timestamp())
-    except ValueError:
-        return 0.0
-
-
-async def _prune_forever(ledger: QuotaLedger, progress: Progress) -> None:
+async def _prune_forever(book: ReservationBook, progress: Progress) -> None:
     """Drop expired reservations every `PRUNE_SECONDS`; a failed pass is raised, for the
     supervisor to log and retry."""
     while True:
         await asyncio.sleep(PRUNE_SECONDS)
-        await ledger.prune_all()
+        await book.prune_all()
         progress()
 
 

@@ -53,7 +53,7 @@ async def test_a_pod_with_node_name_gets_no_gate_and_is_charged_or_refused_as_in
     first, validated = await create_bound(client, "first")
     assert "schedulingGates" not in first["spec"]
     assert validated["allowed"] is True
-    assert ledger.in_use("team-q") == {"h100": 1}
+    assert ledger.book.in_use("team-q") == {"h100": 1}
 
     # The quota is full: refused, not queued behind a gate.
     second, validated = await create_bound(client, "second")
@@ -62,7 +62,7 @@ async def test_a_pod_with_node_name_gets_no_gate_and_is_charged_or_refused_as_in
     assert validated["status"]["message"].startswith(
         'namespace "team-q": h100 quota exceeded: requested 1, in use 1 of 1'
     )
-    assert ledger.in_use("team-q") == {"h100": 1}
+    assert ledger.book.in_use("team-q") == {"h100": 1}
 
 
 async def test_a_pod_with_node_name_refused_in_a_queue_namespace_is_told_what_enforce_says(

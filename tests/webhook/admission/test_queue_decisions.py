@@ -82,7 +82,7 @@ async def test_in_a_queue_namespace_a_pod_that_fits_is_charged_and_one_that_does
     assert validated["allowed"] is True
     assert validated["auditAnnotations"]["decision"] == "allowed"
     assert not any(GATE in w for w in validated.get("warnings", []))
-    assert ledger.in_use("team-q") == {"a100": 1}
+    assert ledger.book.in_use("team-q") == {"a100": 1}
     assert store.writes == 1
 
     mutated, validated, second = await create(client, "second", {"gpuadm.io/a100": "0.5"}, "team-q")
@@ -96,7 +96,7 @@ async def test_in_a_queue_namespace_a_pod_that_fits_is_charged_and_one_that_does
     )
     # Waiting costs nothing: no write, nothing more in use.
     assert store.writes == 1
-    assert ledger.in_use("team-q") == {"a100": 1}
+    assert ledger.book.in_use("team-q") == {"a100": 1}
     assert set((await store.read("team-q")).reservations) == {"uid-first"}
 
 
@@ -254,7 +254,7 @@ async def test_a_pod_that_brings_the_gate_in_queue_mode_and_fits_is_charged_once
     usage.observe(stored, snapshot.policy, snapshot.quotas, now=0)
     leader = QuotaLedger(usage, store, pods_visible=True)
     writes = store.writes
-    released, turn = await leader.release("team-q", snapshot.quotas)
+    released, turn = await leader.line.release("team-q", snapshot.quotas)
     assert [w.uid for w in released] == ["uid-own-gate"]
     assert turn.released == ()
     assert store.writes == writes

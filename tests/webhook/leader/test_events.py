@@ -48,7 +48,7 @@ def writer_for(
     return EventWriter(
         PodEvents(api, "gpuadm-0", clock=clock),
         usage,
-        lambda namespace: ledger.placer(namespace, snapshot.quotas.limits_for(namespace)),
+        lambda namespace: ledger.line.placer(namespace, snapshot.quotas.limits_for(namespace)),
         clock=clock,
         sleep=clock.sleep,
         **options,

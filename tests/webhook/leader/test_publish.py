@@ -89,7 +89,7 @@ def publisher(api: GPUQuotas) -> QuotaPublisher:
     stand_in: Any = api
     typed: AsyncApi = stand_in
     return QuotaPublisher(
-        QuotaLedger(usage, MemoryStore(), pods_visible=True),
+        QuotaLedger(usage, MemoryStore(), pods_visible=True).line,
         usage,
         ConfigHolder(snapshot),
         typed,

@@ -66,14 +66,14 @@ def releaser(ledger: QuotaLedger, usage: UsageIndex, cluster: Cluster) -> Releas
     stand_in: Any = cluster
     api: AsyncApi = stand_in
     return Releaser(
-        ledger,
+        ledger.line,
         usage,
         ConfigHolder(config()),
         api,
         EventWriter(
             PodEvents(api, "gpuadm-0"),
             usage,
-            lambda namespace: ledger.placer(namespace, config().quotas.limits_for(namespace)),
+            lambda namespace: ledger.line.placer(namespace, config().quotas.limits_for(namespace)),
         ),
         leading=lambda: True,
         ready=lambda: True,
@@ -90,7 +90,7 @@ async def test_a_terminating_pod_whose_gate_is_gone_keeps_its_charge_and_its_roo
     running = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
     observe(usage, running)
     earlier = QuotaLedger(usage, store, pods_visible=True)
-    released, _ = await earlier.release("team-q", config().quotas)
+    released, _ = await earlier.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(running)]
     terminating = ungated(running)
     terminating["metadata"]["deletionTimestamp"] = "2026-01-01T02:00:00Z"
@@ -167,11 +167,11 @@ def fair_leader(
     writer = EventWriter(
         PodEvents(api, "gpuadm-0"),
         usage,
-        lambda namespace: ledger.placer(namespace, snapshot.quotas.limits_for(namespace)),
+        lambda namespace: ledger.line.placer(namespace, snapshot.quotas.limits_for(namespace)),
         **options,
     )
     leader = Releaser(
-        ledger,
+        ledger.line,
         usage,
         ConfigHolder(snapshot),
         api,

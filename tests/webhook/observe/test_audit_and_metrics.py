@@ -22,10 +22,10 @@ from webhook.observe import audit_log
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import AuditReading, Metrics
 from webhook.quota.ledger import QuotaLedger
+from webhook.quota.readings import export_quota
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
 from webhook.server.app import create_app
-from webhook.server.replica import export_quota
 from webhook.server.settings import Settings
 
 Client = TestClient[web.Request, web.Application]
@@ -70,7 +70,7 @@ async def served(
     usage = UsageIndex()
     ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False, metrics=metrics)
     holder = ConfigHolder(snapshot)
-    export_quota(metrics, ledger, holder, usage)
+    export_quota(metrics, ledger.book, holder, usage)
     app = create_app(Settings(), holder, quota=ledger, metrics=metrics, audit=audit)
     return await aiohttp_client(app), metrics, audit
 

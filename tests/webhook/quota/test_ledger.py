@@ -18,6 +18,7 @@ from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
+from webhook.quota.readings import quota_readings
 from webhook.quota.reservations import MemoryStore, RecordFull, Reservation
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
@@ -144,7 +145,7 @@ async def test_a_pod_seen_by_the_watch_is_counted_once() -> None:
     assert await admit(quota, body)
     snapshot = config()
     usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
-    assert quota.in_use("team-a") == {"h100": 6}
+    assert quota.book.in_use("team-a") == {"h100": 6}
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "4"}))
 
 
@@ -207,7 +208,7 @@ async def test_prune_drops_expired_reservations_from_the_record() -> None:
     now[0] = 50
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
     now[0] = 100
-    await quota.prune_all()
+    await quota.book.prune_all()
     assert await store.namespaces() == ["team-a"]
     assert len((await store.read("team-a")).reservations) == 1
 
@@ -219,9 +220,9 @@ async def test_a_record_left_without_reservations_is_deleted() -> None:
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
     assert await store.namespaces() == ["team-a"]
     now[0] = 100
-    await quota.prune_all()
+    await quota.book.prune_all()
     assert await store.namespaces() == []
-    assert quota.readings(config().quotas) == []
+    assert quota_readings(quota.book, config().quotas) == []
 
 
 async def test_a_namespace_that_does_not_exist_is_refused_and_leaves_nothing() -> None:
@@ -238,7 +239,7 @@ async def test_a_namespace_that_does_not_exist_is_refused_and_leaves_nothing() -
     assert outcome.message == 'namespace "made-up" does not exist'
     assert store.writes == 0
     assert await store.namespaces() == []
-    assert quota.readings(limited_everywhere.quotas) == []
+    assert quota_readings(quota.book, limited_everywhere.quotas) == []
 
 
 async def test_readings_cover_namespaces_that_hold_gpus_with_their_limits() -> None:
@@ -246,7 +247,7 @@ async def test_readings_cover_namespaces_that_hold_gpus_with_their_limits() -> N
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "2"}))
     assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}, namespace="team-w"))
     assert await admit(quota, stored_pod({"gpuadm.io/t4": "1"}, namespace="team-x"))
-    readings = quota.readings(config().quotas)
+    readings = quota_readings(quota.book, config().quotas)
     assert {(r.namespace, r.gpu_class): (r.in_use, r.limit) for r in readings} == {
         ("team-a", "h100"): (2.0, 10.0),
         ("team-w", "h100"): (1.0, 1.0),
@@ -380,4 +381,4 @@ async def test_a_pod_judged_again_is_not_counted_against_itself_alone_or_in_a_ba
     )
     assert (retried.allowed, fits.allowed, over.allowed) == (True, True, False)
     assert over.message == 'namespace "team-a": h100 quota exceeded: requested 1, in use 10 of 10'
-    assert quota.in_use("team-a")["h100"] == 10
+    assert quota.book.in_use("team-a")["h100"] == 10

@@ -20,7 +20,8 @@ from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics
-from webhook.quota.ledger import MAX_ATTEMPTS, QuotaLedger
+from webhook.quota.book import MAX_ATTEMPTS
+from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import Conflict, MemoryStore, RecordFull, Reservation
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 from webhook.reviews.request import AdmissionRequest
@@ -99,8 +100,8 @@ def uid(body: dict[str, Any]) -> str:
 
 async def waiting_in(namespace: str, ledger: QuotaLedger) -> list[Place]:
     """What each pod of the line is told: its place, from the record as it is now."""
-    await ledger.refresh(namespace)
-    return ledger.places(namespace, config().quotas)
+    await ledger.book.refresh(namespace)
+    return ledger.line.places(namespace, config().quotas)
 
 
 async def stored_charges(store: MemoryStore, namespace: str) -> dict[str, Fraction]:
@@ -319,7 +320,7 @@ async def test_a_gated_pod_is_charged_at_once_if_the_line_lets_it_else_waits_unc
     quota = QuotaLedger(usage, store, pods_visible=True)
     observe(usage, *(stored_pod(limits) for limits in holding))
     observe(usage, *(stored_pod(limits, gated=True) for limits in in_line))
-    before = dict(quota.in_use("team-q"))
+    before = dict(quota.book.in_use("team-q"))
     body = stored_pod(asked, gated=True)
     verdict = await admit_gated(quota, body)
     assert verdict.allowed
@@ -332,7 +333,7 @@ async def test_a_gated_pod_is_charged_at_once_if_the_line_lets_it_else_waits_unc
         assert verdict.message == message
         assert verdict.warnings == (f"{message}; the scheduling gate {GATE} holds it",)
         assert store.writes == 0
-        assert quota.in_use("team-q") == before
+        assert quota.book.in_use("team-q") == before
 
 
 def quota_of(limits: dict[str, str]) -> Fraction:
@@ -352,7 +353,7 @@ async def test_a_higher_priority_pod_is_charged_ahead_of_the_line() -> None:
     assert not verdict.queued
     assert set(await stored_charges(store, "team-q")) == {uid(urgent)}
     # The pod it went ahead of stays in line: the room is gone.
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert released == []
     assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(first)]
 
@@ -365,7 +366,7 @@ async def test_a_gated_dry_run_is_judged_but_charges_nothing() -> None:
     assert verdict.allowed
     assert not verdict.queued
     assert store.writes == 0
-    assert quota.in_use("team-q") == {}
+    assert quota.book.in_use("team-q") == {}
 
 
 async def test_a_gated_pod_is_not_judged_on_a_view_not_in_sync() -> None:
@@ -413,12 +414,12 @@ async def test_a_pod_charged_when_created_is_handed_to_the_leader_to_ungate_not_
     assert not verdict.queued
     observe(usage, body)  # the watch shows it stored, still gated
     assert [w.uid for w in usage.waiting("team-q")] == [uid(body)]
-    released, outcome = await leader.release("team-q", config().quotas)
+    released, outcome = await leader.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(body)]
     assert outcome.released == ()
     assert store.writes == 1
-    await leader.refresh("team-q")
-    assert leader.in_use("team-q") == {"a100": Fraction(3, 4)}
+    await leader.book.refresh("team-q")
+    assert leader.book.in_use("team-q") == {"a100": Fraction(3, 4)}
 
 
 @pytest.mark.parametrize(
@@ -509,7 +510,7 @@ async def test_release_charges_the_pods_that_fit_in_order_with_one_write() -> No
     )
     urgent = stored_pod({"gpuadm.io/a100": "0.5"}, gated=True, priority=10)
     observe(usage, urgent)
-    released, outcome = await quota.release("team-q", config().quotas)
+    released, outcome = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(urgent), uid(a), uid(d)]
     assert [w.uid for w in outcome.released] == [uid(urgent), uid(a), uid(d)]
     assert [(p.pod.uid, p.ahead) for p in await waiting_in("team-q", quota)] == [
@@ -518,7 +519,7 @@ async def test_release_charges_the_pods_that_fit_in_order_with_one_write() -> No
     ]
     assert store.writes == 1
     assert await stored_charges(store, "team-q") == {uid(urgent): 0.5, uid(a): 0.5, uid(d): 2}
-    assert quota.in_use("team-q") == {"a100": 1, "h100": 2}
+    assert quota.book.in_use("team-q") == {"a100": 1, "h100": 2}
 
 
 async def test_a_line_with_nothing_to_release_writes_nothing() -> None:
@@ -527,7 +528,7 @@ async def test_a_line_with_nothing_to_release_writes_nothing() -> None:
     quota = QuotaLedger(usage, store, pods_visible=True)
     observe(usage, stored_pod({"gpuadm.io/a100": "1"}))
     line_of(usage, {"gpuadm.io/a100": "0.5"})
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert released == []
     assert len(await waiting_in("team-q", quota)) == 1
     assert store.writes == 0
@@ -540,33 +541,33 @@ async def test_a_pod_released_but_still_shown_gated_is_returned_again_and_charge
     a, b, c = line_of(
         usage, {"gpuadm.io/a100": "0.5"}, {"gpuadm.io/a100": "0.5"}, {"gpuadm.io/a100": "0.5"}
     )
-    first, _ = await quota.release("team-q", config().quotas)
+    first, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in first] == [uid(a), uid(b)]
 
     # The gates are not removed yet (the replica died, or the watch lags): the next pass
     # hands the same pods back to be ungated, and charges nothing more.
-    again, outcome = await quota.release("team-q", config().quotas)
+    again, outcome = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in again] == [uid(a), uid(b)]
     assert outcome.released == ()
     assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(c)]
     assert store.writes == 1
-    assert quota.in_use("team-q") == {"a100": 1}
+    assert quota.book.in_use("team-q") == {"a100": 1}
 
     # A new ledger (another leader) reads the record and does the same.
     successor = QuotaLedger(usage, store, pods_visible=True)
-    handed, _ = await successor.release("team-q", config().quotas)
+    handed, _ = await successor.line.release("team-q", config().quotas)
     assert [w.uid for w in handed] == [uid(a), uid(b)]
     assert store.writes == 1
-    await successor.refresh("team-q")
-    assert successor.in_use("team-q") == {"a100": 1}
+    await successor.book.refresh("team-q")
+    assert successor.book.in_use("team-q") == {"a100": 1}
 
     # Left out while their gate removal is on its way: still charged, not handed back.
-    skipped, outcome = await quota.release(
+    skipped, outcome = await quota.line.release(
         "team-q", config().quotas, skip=frozenset({uid(a), uid(b)})
     )
     assert skipped == []
     assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(c)]
-    assert quota.in_use("team-q") == {"a100": 1}
+    assert quota.book.in_use("team-q") == {"a100": 1}
 
 
 async def test_a_released_pod_counts_by_its_reservation_until_shown_ungated_then_as_a_pod() -> None:
@@ -574,24 +575,24 @@ async def test_a_released_pod_counts_by_its_reservation_until_shown_ungated_then
     store = MemoryStore()
     quota = QuotaLedger(usage, store, pods_visible=True)
     (body,) = line_of(usage, {"gpuadm.io/a100": "0.75"})
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(body)]
     assert usage.in_use("team-q") == {}
-    assert set(quota.reserved("team-q")) == {uid(body)}
-    assert quota.in_use("team-q") == {"a100": Fraction(3, 4)}
+    assert set(quota.book.reserved("team-q")) == {uid(body)}
+    assert quota.book.in_use("team-q") == {"a100": Fraction(3, 4)}
 
     observe(usage, ungated(body), now=1)
     assert usage.in_use("team-q") == {"a100": Fraction(3, 4)}
-    assert quota.reserved("team-q") == {}
-    assert quota.in_use("team-q") == {"a100": Fraction(3, 4)}
+    assert quota.book.reserved("team-q") == {}
+    assert quota.book.in_use("team-q") == {"a100": Fraction(3, 4)}
     assert usage.waiting("team-q") == []
 
     # Room left: 0.25, exactly.
     quarter, more = line_of(usage, {"gpuadm.io/a100": "0.25"}, {"gpuadm.io/a100": "0.25"})
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(quarter)]
     assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(more)]
-    assert quota.in_use("team-q") == {"a100": 1}
+    assert quota.book.in_use("team-q") == {"a100": 1}
 
 
 async def test_unreserve_gives_the_room_back_to_the_line() -> None:
@@ -599,18 +600,18 @@ async def test_unreserve_gives_the_room_back_to_the_line() -> None:
     store = MemoryStore()
     quota = QuotaLedger(usage, store, pods_visible=True)
     gone, behind = line_of(usage, {"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "1"})
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(gone)]
     usage.forget(uid(gone))  # deleted before its gate was removed
 
-    await quota.unreserve("team-q", uid(gone))
+    await quota.line.unreserve("team-q", uid(gone))
     assert await stored_charges(store, "team-q") == {}
-    assert quota.in_use("team-q") == {}
+    assert quota.book.in_use("team-q") == {}
     writes = store.writes
-    await quota.unreserve("team-q", uid(gone))  # again: nothing to do
+    await quota.line.unreserve("team-q", uid(gone))  # again: nothing to do
     assert store.writes == writes
 
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(behind)]
     assert await waiting_in("team-q", quota) == []
     assert await stored_charges(store, "team-q") == {uid(behind): 1}
@@ -622,13 +623,13 @@ async def test_an_expired_reservation_of_a_pod_still_gated_is_charged_anew_not_t
     store = MemoryStore()
     quota = QuotaLedger(usage, store, pods_visible=True, clock=lambda: now[0])
     (body,) = line_of(usage, {"gpuadm.io/a100": "1"})
-    await quota.release("team-q", config().quotas)
+    await quota.line.release("team-q", config().quotas)
     now[0] += 200  # far past the reservation's life, and the pod still shows its gate
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(body)]
     assert await stored_charges(store, "team-q") == {uid(body): 1}
     assert (await store.read("team-q")).reservations[uid(body)].at == now[0]
-    assert quota.in_use("team-q") == {"a100": 1}
+    assert quota.book.in_use("team-q") == {"a100": 1}
 
 
 # --- several replicas ---------------------------------------------------------------------
@@ -653,7 +654,7 @@ async def test_replicas_releasing_one_line_together_charge_it_once_in_order(
             observe(usage, *bodies)
             ledgers.append(QuotaLedger(usage, store, pods_visible=True))
         results = await asyncio.gather(
-            *(each.release("team-q", config().quotas) for each in ledgers)
+            *(each.line.release("team-q", config().quotas) for each in ledgers)
         )
         charges = await stored_charges(store, "team-q")
         expected = next_fill(shares)
@@ -662,8 +663,8 @@ async def test_replicas_releasing_one_line_together_charge_it_once_in_order(
         for released, _ in results:
             assert {w.uid for w in released} == set(charges)
         for each in ledgers:
-            await each.refresh("team-q")
-            assert each.in_use("team-q") == {"a100": expected}
+            await each.book.refresh("team-q")
+            assert each.book.in_use("team-q") == {"a100": expected}
         raced = raced or store.conflicts > 0
     assert raced, "the replicas never raced; the test proves nothing"
 
@@ -686,7 +687,7 @@ async def test_replicas_that_see_different_parts_of_the_line_never_charge_past_t
             observe(usage, *(b for i, b in enumerate(bodies) if (i + replica) % 3 != 0))
             ledgers.append(QuotaLedger(usage, store, pods_visible=True))
         results = await asyncio.gather(
-            *(each.release("team-q", config().quotas) for each in ledgers)
+            *(each.line.release("team-q", config().quotas) for each in ledgers)
         )
         charges = await stored_charges(store, "team-q")
         assert sum(charges.values()) <= 1
@@ -725,7 +726,7 @@ async def test_an_admission_and_a_release_racing_for_the_same_room_never_both_ge
         arriving = stored_pod({"gpuadm.io/a100": "0.5"}, gated=gated)
         # Each round starts one side a few steps of the event loop after the other.
         (released, _), verdict = await asyncio.gather(
-            after(round_ % 3, leader.release("team-q", snapshot.quotas)),
+            after(round_ % 3, leader.line.release("team-q", snapshot.quotas)),
             after(round_ // 3 % 3, admitting.admit(request(arriving), plan_of(arriving), snapshot)),
         )
         assert verdict is not None
@@ -760,7 +761,7 @@ async def test_the_leader_sees_pods_other_replicas_charged_even_when_it_releases
     other = QuotaLedger(UsageIndex(), store, pods_visible=True)
     holder = stored_pod({"gpuadm.io/a100": "0.25"}, gated=True)
     observe(usage, holder)
-    released, _ = await leader.release("team-q", config().quotas)
+    released, _ = await leader.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(holder)]  # the leader has written once
     observe(usage, ungated(holder))
     big = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
@@ -769,7 +770,7 @@ async def test_the_leader_sees_pods_other_replicas_charged_even_when_it_releases
     # Charged on the other replica, whose watch does not show `big` yet.
     assert not (await admit_gated(other, charged)).queued
     observe(usage, charged)
-    released, _ = await leader.release("team-q", config().quotas)
+    released, _ = await leader.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(charged)]
     assert [p.pod.uid for p in await waiting_in("team-q", leader)] == [uid(big)]
 
@@ -802,13 +803,13 @@ async def test_a_charged_pod_still_gated_keeps_its_reservation_fresh_until_shown
     assert not (await admit_gated(quota, charged)).queued
     behind = stored_pod({"gpuadm.io/a100": "1"}, gated=True)
     observe(usage, charged, behind)
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(charged)]
     # The leader removed the gate; its watch does not show it yet, so it skips the pod.
     skip = frozenset({uid(charged)})
     for step in range(1, 10):
         now[0] = step * 40.0  # well past the 90 s a reservation lives unrenewed
-        released, _ = await quota.release("team-q", config().quotas, skip=skip)
+        released, _ = await quota.line.release("team-q", config().quotas, skip=skip)
         assert released == []
         assert [p.pod.uid for p in await waiting_in("team-q", quota)] == [uid(behind)]
 
@@ -846,7 +847,7 @@ async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_r
     metrics = Metrics()
     quota = QuotaLedger(usage, store, pods_visible=True, metrics=metrics)
     gone, _ = line_of(usage, {"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "1"})
-    released, _ = await quota.release("team-q", config().quotas)
+    released, _ = await quota.line.release("team-q", config().quotas)
     assert [w.uid for w in released] == [uid(gone)]
     usage.forget(uid(gone))
     store.overtaken = True
@@ -862,10 +863,10 @@ async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_r
     # A release pass fails as an apiserver error does, and the leader tries again later.
     line_of(usage, {"gpuadm.io/h100": "1"})  # a pod it would charge and release
     with pytest.raises(KubeError, match='the quota record of namespace "team-q" is busy'):
-        await quota.release("team-q", config().quotas)
+        await quota.line.release("team-q", config().quotas)
     assert store.conflicts == 2 * MAX_ATTEMPTS
     # Giving back a deleted pod's room gives up with a log line: its reservation expires.
-    await quota.unreserve("team-q", uid(gone))
+    await quota.line.unreserve("team-q", uid(gone))
     assert store.conflicts == 3 * MAX_ATTEMPTS
     assert f"cannot give back the room of pod {uid(gone)}" in caplog.text
     assert "Traceback" not in caplog.text
@@ -901,7 +902,7 @@ async def test_a_pod_created_behind_the_gate_waits_while_the_record_is_full() ->
     # The leader's pass cannot charge it either, and fails for the leader to retry.
     observe(usage, body)
     with pytest.raises(KubeError, match="is full"):
-        await quota.release("team-q", config().quotas)
+        await quota.line.release("team-q", config().quotas)
 
 
 @pytest.mark.parametrize(

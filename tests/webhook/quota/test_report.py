@@ -15,10 +15,10 @@ from tests.builders import POLICY_YAML, pod
 from webhook.cli.quota import table
 from webhook.config.snapshot import snapshot_from_text
 from webhook.quota.ledger import QuotaLedger
+from webhook.quota.readings import queue_readings
 from webhook.quota.report import NAMED_PODS_MAX, ClassReport, namespace_report
 from webhook.quota.reservations import MemoryStore, Reservation
 from webhook.quota.usage import Holding, UsageIndex
-from webhook.server.replica import queue_readings
 
 QUOTAS = """
 mode: enforce
@@ -163,20 +163,23 @@ async def test_the_report_counts_as_the_ledger_judges() -> None:
     stored("01-running", {"gpuadm.io/a100": "1"})
     first = stored("02-first", {"gpuadm.io/a100": "0.5"}, gated=True)
     stored("03-second", {"gpuadm.io/a100": "1"}, gated=True)
-    released, _ = await quota.release("team-q", snapshot.quotas)
+    released, _ = await quota.line.release("team-q", snapshot.quotas)
     assert [w.name for w in released] == ["02-first"]
 
     reports = namespace_report(
         "team-q",
         snapshot.quotas,
         usage.holdings("team-q"),
-        quota.reserved("team-q").values(),
+        quota.book.reserved("team-q").values(),
         usage.waiting("team-q"),
     )
     rows = by_class(reports)
     # 02-first is charged by its reservation until the watch shows its gate gone.
     assert (rows["a100"]["inUse"], rows["a100"]["reserved"]) == ("1", "0.5")
-    assert F(rows["a100"]["inUse"]) + F(rows["a100"]["reserved"]) == quota.in_use("team-q")["a100"]
+    assert (
+        F(rows["a100"]["inUse"]) + F(rows["a100"]["reserved"])
+        == quota.book.in_use("team-q")["a100"]
+    )
     assert [q["pod"] for q in rows["a100"]["queue"]][-1] == "03-second"
 
     usage.observe(
@@ -190,7 +193,7 @@ async def test_the_report_counts_as_the_ledger_judges() -> None:
             "team-q",
             snapshot.quotas,
             usage.holdings("team-q"),
-            quota.reserved("team-q").values(),
+            quota.book.reserved("team-q").values(),
             usage.waiting("team-q"),
         )
     )

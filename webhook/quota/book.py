@@ -1,0 +1,193 @@
+"""The reservation book: each namespace's record of reservations, read, stored with
+compare-and-swap, and pruned; and what a namespace holds by it.
+
+A namespace holds (a) the GPU pods the pod watch has shown, plus (b) the reservations of
+pods admitted but not yet shown. Across replicas, the record is written with the version it
+was read at: if another replica wrote in between, the write fails (`Conflict`) and the
+attempt is redone on the new record (`compare_and_swap`). Within a replica, one namespace's
+judgements, releases and prunes take its lock (`lock`), one after another.
+
+A reservation stops counting once this replica's watch has shown the pod (it is then counted
+as a pod, once), and it is pruned from the record only after `reservation_ttl`, longer than
+any admission request can take. So a reservation outlives the window in which the pod may be
+invisible to any replica whose watch is healthy. A pod that was never stored (a later webhook
+refused it) holds its room until then, and no longer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from collections.abc import Awaitable, Callable, Mapping
+from fractions import Fraction
+from typing import TypeVar
+
+from webhook.kube.errors import KubeError
+from webhook.observe.metrics import Metrics
+from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
+from webhook.quota.usage import UsageIndex
+
+# The apiserver gives up on a request after 60 s by default; a pod admitted now is stored
+# (and so visible to the watch) well within that, or never.
+RESERVATION_TTL = 90.0
+# Each lost race means another admission in the same namespace landed, so ten in a row take
+# a burst far beyond what one namespace sees; then the request is refused with "retry"
+# rather than held past the apiserver's webhook timeout.
+MAX_ATTEMPTS = 10
+
+T = TypeVar("T")
+
+
+class RecordBusy(KubeError):
+    """Every attempt to store a namespace's record lost its race to another replica."""
+
+    def __init__(self, namespace: str) -> None:
+        self.detail = f'the quota record of namespace "{namespace}" is busy'
+        super().__init__(409, self.detail)
+
+
+class ReservationBook:
+    """Every namespace's reservations: the shared records, and this replica's copy of them."""
+
+    def __init__(
+        self,
+        usage: UsageIndex,
+        store: ReservationStore,
+        *,
+        pods_visible: bool,
+        clock: Callable[[], float] = time.time,
+        reservation_ttl: float = RESERVATION_TTL,
+        metrics: Metrics | None = None,
+    ) -> None:
+        """Keep records in `store`; with `pods_visible` False (standalone) reservations
+        never expire, and none is ever shown as a pod."""
+        self.usage = usage
+        self.pods_visible = pods_visible
+        self.clock = clock
+        self.reservation_ttl = reservation_ttl
+        self._store = store
+        self._metrics = metrics
+        self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
+        # The record of each namespace as this replica last read or wrote it.
+        self._copies: dict[str, Record] = {}
+
+    def lock(self, namespace: str) -> asyncio.Lock:
+        """Return the lock that orders this replica's work on a namespace's record."""
+        return self._locks[namespace]
+
+    async def read(self, namespace: str) -> Record:
+        """Read a namespace's record from the store, as any replica last wrote it."""
+        return await self._store.read(namespace)
+
+    async def read_copy(self, namespace: str) -> Record:
+        """Return this replica's copy of a namespace's record, read from the store if it has
+        none. A copy overtaken by another replica fails to store, and is read again."""
+        return self._copies.get(namespace) or await self._store.read(namespace)
+
+    async def write(
+        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+    ) -> None:
+        """Write the record at `version` (raising `Conflict` if it moved on) and keep a copy."""
+        new_version = await self._store.write(namespace, reservations, version)
+        self._copies[namespace] = Record(reservations, new_version)
+
+    async def compare_and_swap(self, namespace: str, attempt: Callable[[], Awaitable[T]]) -> T:
+        """Run `attempt` (read the record, decide, write at the version read) until its
+        write is not overtaken by another replica's; raise `RecordBusy` after
+        `MAX_ATTEMPTS` lost races."""
+        for _ in range(MAX_ATTEMPTS):
+            try:
+                return await attempt()
+            except Conflict:
+                if self._metrics is not None:
+                    self._metrics.record_conflicts.inc()
+                self._copies.pop(namespace, None)
+        raise RecordBusy(namespace)
+
+    async def refresh(self, namespace: str) -> None:
+        """Read a namespace's record again, so reports see other replicas' reservations."""
+        record = await self._store.read(namespace)
+        if record.version is None:
+            self._copies.pop(namespace, None)
+        else:
+            self._copies[namespace] = record
+
+    def unexpired(self, record: Record, now: float) -> dict[str, Reservation]:
+        """Return the reservations of a record that have not expired by `now`."""
+        if not self.pods_visible:
+            return dict(record.reservations)
+        return {
+            uid: reservation
+            for uid, reservation in record.reservations.items()
+            if now - reservation.at < self.reservation_ttl
+        }
+
+    def copied(self, namespace: str) -> dict[str, Reservation]:
+        """Return the unexpired reservations of this replica's copy of a namespace's record."""
+        record = self._copies.get(namespace)
+        return self.unexpired(record, self.clock()) if record else {}
+
+    def reserved(self, namespace: str) -> dict[str, Reservation]:
+        """Return the copied reservations of a namespace that still count (not yet shown as
+        pods by the watch, and unexpired)."""
+        unexpired = self.copied(namespace)
+        if not self.pods_visible:
+            return unexpired
+        return {uid: r for uid, r in unexpired.items() if not self.usage.seen(uid)}
+
+    def shown_as_pod(self, uid: str) -> bool:
+        """Tell whether the watch has shown this pod, which then counts as a pod, not by its
+        reservation."""
+        return self.pods_visible and self.usage.seen(uid)
+
+    def in_use(
+        self, namespace: str, reservations: Mapping[str, Reservation] | None = None
+    ) -> dict[str, Fraction]:
+        """Return what a namespace holds: its pods, and `reservations` (by default those of
+        this replica's copy) not yet shown as pods."""
+        if reservations is None:
+            reservations = self.copied(namespace)
+        totals = dict(self.usage.in_use(namespace))
+        # Reservations of pods the watch has shown are counted as pods instead.
+        pending = self.usage.unseen(reservations) if self.pods_visible else reservations
+        for uid in pending:
+            reservation = reservations[uid]
+            totals[reservation.class_name] = (
+                totals.get(reservation.class_name, Fraction(0)) + reservation.charge
+            )
+        return totals
+
+    def copied_namespaces(self) -> list[str]:
+        """Return the namespaces this replica holds a copy of the record of."""
+        return list(self._copies)
+
+    async def recorded_namespaces(self) -> list[str]:
+        """Return the namespaces that have a record, written by any replica."""
+        return await self._store.namespaces()
+
+    async def prune_all(self) -> None:
+        """Prune the record of every namespace that has one, written by any replica."""
+        for namespace in await self._store.namespaces():
+            await self.prune(namespace)
+
+    async def prune(self, namespace: str) -> None:
+        """Drop expired reservations from a namespace's record; delete a record left empty.
+
+        So records exist only while they hold reservations, and a namespace that holds none
+        (or never held a pod, as with a forged review) leaves nothing behind.
+        """
+        async with self._locks[namespace]:
+            try:
+                record = await self._store.read(namespace)
+                unexpired = self.unexpired(record, self.clock())
+                if not unexpired and record.version is not None:
+                    await self._store.delete(namespace, record.version)
+                elif len(unexpired) != len(record.reservations):
+                    await self.write(namespace, unexpired, record.version)
+            except Conflict:
+                self._copies.pop(namespace, None)
+                return
+        if not unexpired:
+            # Its lock stays: it may have waiters, and locks exist only for real namespaces.
+            self._copies.pop(namespace, None)

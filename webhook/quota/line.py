@@ -1,0 +1,237 @@
+"""The queue line on the record: gated pods judged as they join, released in turns, and
+their room given back when they leave before their release.
+
+Queue mode (policies/queue.py) uses the reservation book's records. A pod created behind
+gpuadm's gate is admitted without a charge, unless a pass over its line would release it at
+once; releasing it writes its reservation like any admission, before the gate is removed. A
+pod in line whose reservation is already in the record was released by a replica that did
+not get to remove its gate: it is charged, and only its gate is left to remove. So a release
+interrupted at any point is finished later, and charged once.
+
+Every answer comes from the line's index (`policies.line`, `UsageIndex.line`) and the
+record: a turn visits the record and the pods it releases, never the whole line.
+
+`QueueLine` is what the leader's work sees of quota: it never reaches the store.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+from policies import Plan
+from policies.judge import QuotaVerdict
+from policies.line import Line
+from policies.queue import Place, Waiting, waiting_pod
+from policies.quotas import QuotaConfig
+from webhook.quota.book import RecordBusy, ReservationBook
+from webhook.quota.reservations import Reservation
+from webhook.quota.usage import UsageIndex
+from webhook.reviews.request import AdmissionRequest
+
+log = logging.getLogger("gpuadm.quota")
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """What one turn over a namespace's line decided."""
+
+    # The pods charged by this turn, in line order.
+    released: tuple[Waiting, ...]
+    # The turn stopped at its bound: more pods may be released on the next one.
+    more: bool = False
+
+
+def held_in_line(message: str, gate: str, limit: Fraction | None) -> QuotaVerdict:
+    """Admit a pod uncharged, to wait in line behind `gate`, and say why."""
+    return QuotaVerdict(
+        True,
+        message,
+        (f"{message}; the scheduling gate {gate} holds it",),
+        limit=limit,
+        queued=True,
+    )
+
+
+class Joining:
+    """The gated pods of one batch of admissions joining a namespace's line, in order.
+
+    The line's index answers without visiting the line (`policies.line`): the pods of the
+    line the record charges already are left out (counted in what the namespace holds by
+    their reservations), and the gated pods judged earlier in the batch join it, behind
+    those of their order.
+    """
+
+    def __init__(
+        self, namespace: str, line: Line, reservations: Mapping[str, Reservation], gated: bool
+    ) -> None:
+        self.namespace = namespace
+        self._line = line
+        # Found once per batch from the record, never from the line.
+        self._charged = line.present(reservations) if gated else set()
+        self._behind: list[Waiting] = []  # gated pods of this batch left waiting, in order
+
+    def judge(
+        self,
+        request: AdmissionRequest,
+        plan: Plan,
+        key: str,
+        in_use: Mapping[str, Fraction],
+        limits: Mapping[str, Fraction],
+        gate: str,
+    ) -> QuotaVerdict:
+        """Judge a pod created behind the gate as if it joined the end of its line: charged
+        now if a pass over the line would release it, else left waiting, uncharged."""
+        assert plan.class_name is not None
+        joining = replace(waiting_pod(request.object, plan.class_name, plan.charge), uid=key)
+        place = self._line.place(
+            self.namespace, joining, in_use, limits, excluded=self._charged, extras=self._behind
+        )
+        limit = limits.get(plan.class_name)
+        if place is None:
+            return QuotaVerdict(True, limit=limit)
+        if not request.dry_run:  # a dry run takes no place in line
+            self._behind.append(joining)
+        return held_in_line(place.message(), gate, limit)
+
+    def charged(self, key: str) -> None:
+        """Note that the pod `key` was charged in this batch: if it is in the line, the line
+        leaves it out from now on."""
+        if key in self._line:
+            self._charged.add(key)
+
+
+class QueueLine:
+    """Each queue namespace's line, judged and released against the reservation book."""
+
+    def __init__(self, book: ReservationBook, usage: UsageIndex) -> None:
+        self._book = book
+        self._usage = usage
+
+    def joining(
+        self, namespace: str, reservations: Mapping[str, Reservation], *, gated: bool
+    ) -> Joining:
+        """Begin a batch of admissions to a namespace, judged against `reservations`
+        (`gated`: some of them join its line)."""
+        return Joining(namespace, self._usage.line(namespace), reservations, gated)
+
+    async def release(
+        self,
+        namespace: str,
+        quotas: QuotaConfig,
+        *,
+        skip: frozenset[str] = frozenset(),
+        most: int | None = None,
+    ) -> tuple[list[Waiting], Turn]:
+        """Charge the pods of a namespace's line that fit now, in order; return every pod
+        whose gate is to be removed (those charged before whose gate is still on, then those
+        charged now) and what the turn decided. `skip` holds pods already released whose
+        gate removal this replica's watch has not shown yet. `most` bounds the pods returned:
+        the turn then charges the first of those a whole pass would, and says there are
+        more (`Turn.more`)."""
+        limits = quotas.limits_for(namespace)
+        async with self._book.lock(namespace):
+            return await self._book.compare_and_swap(
+                namespace, lambda: self._try_release(namespace, limits, skip, most)
+            )
+
+    async def _try_release(
+        self,
+        namespace: str,
+        limits: Mapping[str, Fraction],
+        skip: frozenset[str],
+        most: int | None,
+    ) -> tuple[list[Waiting], Turn]:
+        """One attempt of `release`; raises `Conflict` if another replica wrote first."""
+        # Read afresh, not from this replica's copy: other replicas charge gated pods at
+        # admission, and a pass that releases nothing writes nothing, so it would never
+        # learn of them from a failed write.
+        record = await self._book.read(namespace)
+        now = self._book.clock()
+        reservations = self._book.unexpired(record, now)
+        line = self._usage.line(namespace)
+        # Only the record is visited, and the pods of the line it charges: never the line.
+        in_line = line.present(reservations)
+        charged_all = sorted(
+            (pod for uid in in_line if (pod := line.get(uid)) is not None), key=Waiting.order
+        )
+        charged = [w for w in charged_all if w.uid not in skip]
+        more = most is not None and len(charged) > most
+        if most is not None:
+            charged = charged[:most]
+        budget = None if most is None else most - len(charged)
+        released: tuple[Waiting, ...] = ()
+        if budget == 0:
+            more = True
+        else:
+            walked = line.walk(
+                namespace,
+                self._book.in_use(namespace, reservations),
+                limits,
+                excluded=in_line | line.present(skip),
+                most=budget,
+            )
+            released = walked.released
+            more = more or not walked.complete
+        # A charged pod still shown gated (its gate about to go, or gone and not yet shown)
+        # keeps its reservation fresh, so that it never expires uncounted.
+        stale = [
+            w for w in charged_all if now - reservations[w.uid].at > self._book.reservation_ttl / 3
+        ]
+        turn = Turn(released, more)
+        if not released and not stale:
+            return charged, turn
+        for pod in (*released, *stale):
+            reservations[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
+        await self._book.write(namespace, reservations, record.version)
+        return charged + list(released), turn
+
+    async def unreserve(self, namespace: str, uid: str) -> None:
+        """Drop the reservation of a released pod that was deleted before its gate was
+        removed, so its room frees now rather than when the reservation expires."""
+
+        async def attempt() -> None:
+            record = await self._book.read(namespace)
+            if uid in record.reservations:
+                rest = {k: r for k, r in record.reservations.items() if k != uid}
+                await self._book.write(namespace, rest, record.version)
+
+        async with self._book.lock(namespace):
+            try:
+                await self._book.compare_and_swap(namespace, attempt)
+            except RecordBusy as busy:  # its reservation expires with the others instead
+                log.warning("cannot give back the room of pod %s: %s", uid, busy.detail)
+
+    def placer(
+        self, namespace: str, limits: Mapping[str, Fraction]
+    ) -> Callable[[Waiting], Place | None]:
+        """Return what tells a waiting pod of the namespace its place now (None: it is
+        charged, or a pass would release it), against this replica's view and record."""
+        reservations = self._book.copied(namespace)
+        line = self._usage.line(namespace)
+        excluded = line.present(reservations)
+        in_use = self._book.in_use(namespace, reservations)
+
+        def place(pod: Waiting) -> Place | None:
+            if pod.uid in reservations:
+                return None  # charged: its gate is about to go
+            return line.place(namespace, pod, in_use, limits, excluded=excluded)
+
+        return place
+
+    def places(self, namespace: str, quotas: QuotaConfig) -> list[Place]:
+        """Return the place of every pod of a namespace's line, in line order (O(line))."""
+        place = self.placer(namespace, quotas.limits_for(namespace))
+        return [p for pod in self._usage.line(namespace).ordered() if (p := place(pod))]
+
+    async def reserved(self, namespace: str) -> dict[str, Reservation]:
+        """Read a namespace's record again (so this replica's reports and metrics see other
+        replicas' reservations) and return its reservations that still count."""
+        await self._book.refresh(namespace)
+        return self._book.reserved(namespace)
+
+    async def recorded_namespaces(self) -> list[str]:
+        """Return the namespaces that have a record, written by any replica."""
+        return await self._book.recorded_namespaces()
