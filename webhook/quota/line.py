@@ -221,11 +221,6 @@ class QueueLine:
 
         return place
 
-    def places(self, namespace: str, quotas: QuotaConfig) -> list[Place]:
-        """Return the place of every pod of a namespace's line, in line order (O(line))."""
-        place = self.placer(namespace, quotas.limits_for(namespace))
-        return [p for pod in self._usage.line(namespace).ordered() if (p := place(pod))]
-
     async def reserved(self, namespace: str) -> dict[str, Reservation]:
         """Read a namespace's record again (so this replica's reports and metrics see other
         replicas' reservations) and return its reservations that still count."""

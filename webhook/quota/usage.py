@@ -213,12 +213,6 @@ class UsageIndex:
                 del self._sums[holding.namespace]
 
 
-def holding_of(pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig) -> Holding | None:
-    """Return what a pod holds, charged from its resources alone, or None."""
-    state = pod_state(pod, policy, quotas)
-    return state if isinstance(state, Holding) else None
-
-
 def pod_state(
     pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig
 ) -> Holding | Waiting | None:

@@ -101,7 +101,8 @@ def uid(body: dict[str, Any]) -> str:
 async def waiting_in(namespace: str, ledger: QuotaLedger) -> list[Place]:
     """What each pod of the line is told: its place, from the record as it is now."""
     await ledger.book.refresh(namespace)
-    return ledger.line.places(namespace, config().quotas)
+    place = ledger.line.placer(namespace, config().quotas.limits_for(namespace))
+    return [p for pod in ledger.book.usage.line(namespace).ordered() if (p := place(pod))]
 
 
 async def stored_charges(store: MemoryStore, namespace: str) -> dict[str, Fraction]:
