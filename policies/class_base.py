@@ -1,7 +1,7 @@
 """What every GPU class has, whatever its backend, and the config types the classes share.
 
-`policies.classes` and `policies.extended` build their backends on `ClassBase`; the union of
-all backends is in `policies.classes`.
+Every backend in `policies.backends` is a `ClassBase`; the union of them all is
+`policies.backends.GpuClass`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pydantic.alias_generators import to_camel
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
 from policies.errors import Denial
 from policies.models import GFD_PRODUCT_LABEL, gfd_product
-from policies.quantity import QuantityError, format_bytes, parse_quantity
+from policies.quantity import QuantityError, format_amount, format_bytes, parse_quantity
 
 
 def _bytes(value: object) -> Fraction:
@@ -226,3 +226,19 @@ class ClassBase(Model):
                 f"has {format_bytes(memory)}"
             )
         return ask.memory / memory
+
+
+def describe_resources(resources: Mapping[str, int]) -> str:
+    """Write resources as `name: value` pairs for a message."""
+    return ", ".join(f"{name}: {value}" for name, value in sorted(resources.items()))
+
+
+def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) -> str | None:
+    """Return a warning when the grant is larger than the ask, else None."""
+    asked = cls.share_of(ask)
+    if grant.charge <= asked:
+        return None
+    return (
+        f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
+        f"({describe_resources(grant.resources)}); quota is charged {format_amount(grant.charge)}"
+    )

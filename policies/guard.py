@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-from policies.classes import VirtualGpuClass
-from policies.dra import parse_template_name
+from policies.backends import VirtualGpuClass
+from policies.backends.dra import parse_template_name
 from policies.errors import Denial
 from policies.policy import STACK_NAMES, Guard, Policy, ResourceRole
 from policies.shapes import clipped, shown

@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from policies.classes import BACKENDS
+from policies.backends import BACKENDS
 from policies.policy import Policy
 from policies.quotas import QuotaConfig
 from policies.suggest import suggestion

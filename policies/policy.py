@@ -11,9 +11,9 @@ from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.class_base import NamespaceName
-from policies.classes import BACKENDS, ClassBase, GpuClass, Model, VirtualGpuClass
-from policies.dra import NVIDIA_DEVICE_CLASSES, DraClass
+from policies.backends import BACKENDS, GpuClass, VirtualGpuClass
+from policies.backends.dra import NVIDIA_DEVICE_CLASSES, DraClass
+from policies.class_base import ClassBase, Model, NamespaceName
 from policies.models import (
     GFD_PRODUCT_LABEL,
     USE_GPUTYPE,

@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from policies.class_base import namespace_name
-from policies.classes import Model
+from policies.class_base import Model, namespace_name
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
 from policies.suggest import suggestion

@@ -7,7 +7,7 @@ from fractions import Fraction
 import pytest
 
 from policies import ConfigError, Policy, load_policy, load_quotas
-from policies.classes import HamiClass, MigClass
+from policies.backends import HamiClass, MigClass
 
 
 def problems_of(loader: object, text: str) -> list[str]:

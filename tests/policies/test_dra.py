@@ -23,7 +23,7 @@ from policies import (
     plan_inputs,
     pod_charge,
 )
-from policies.dra import (
+from policies.backends.dra import (
     ClaimTemplate,
     DraClass,
     TemplateName,

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, load_policy, plan
 from policies.asks import Ask, MemoryShare, Share, Whole
-from policies.extended import ExtendedBase
+from policies.backends.extended import ExtendedBase
 from tests.apiserver_rules import violations
 from tests.builders import container, pod
 from tests.policies.test_rewrite import apply, limits_of

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from policies import load_policy
-from policies.dra import DraClass
+from policies.backends.dra import DraClass
 from webhook.claims.templates import CONFIRMED_SECONDS, ClaimError, ClusterTemplates
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError

@@ -1,10 +1,9 @@
-"""GPU classes: one pydantic model per backend, each knowing what its backend understands.
+"""The backends of device plugins: NVIDIA's, HAMi, Volcano's vGPU, gpu-manager, gpushare,
+MIG and time-slicing, each a class written in code.
 
-A class is chosen by its `backend` key (a discriminated union). Each variant turns an ask
-(whole GPUs, a share, an amount of memory) into the integer extended resources of its stack,
-and charges raw resources of its stack back into GPUs of the class, for quota. The stacks
-declared in the policy (`extended` and its presets) are in `policies.extended`; what every
-class has is in `policies.class_base`.
+Each turns an ask (whole GPUs, a share, an amount of memory) into the integer extended
+resources of its stack, and charges raw resources of its stack back into GPUs of the class,
+for quota.
 """
 
 from __future__ import annotations
@@ -15,24 +14,12 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, Discriminator, model_validator
+from pydantic import AfterValidator, model_validator
 from pydantic_core import PydanticCustomError
 
 from policies.asks import Ask, Grant, MemoryShare, Whole
-from policies.class_base import Bytes, GpuName, ResourceName
-
-# The rest of the core imports the base of every class, and the config model, from here.
-from policies.class_base import ClassBase as ClassBase
-from policies.class_base import Model as Model
-from policies.dra import DraClass
+from policies.class_base import Bytes, ClassBase, GpuName, Model, ResourceName
 from policies.errors import Denial
-from policies.extended import (
-    CgpuClass,
-    ElasticGpuClass,
-    ExtendedClass,
-    MgpuClass,
-    QgpuClass,
-)
 from policies.models import VgpuStack
 from policies.quantity import MiB, ceil_div, format_amount, format_bytes
 
@@ -400,53 +387,3 @@ class TimeSlicingClass(ClassBase):
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
         return resources.get(self.resource, Fraction(0))
-
-
-GpuClass = Annotated[
-    NvidiaClass
-    | HamiClass
-    | GpuManagerClass
-    | GpushareClass
-    | MigClass
-    | TimeSlicingClass
-    | VolcanoClass
-    | QgpuClass
-    | CgpuClass
-    | MgpuClass
-    | ElasticGpuClass
-    | ExtendedClass
-    | DraClass,
-    Discriminator("backend"),
-]
-
-BACKENDS: tuple[type[ClassBase], ...] = (
-    NvidiaClass,
-    HamiClass,
-    GpuManagerClass,
-    GpushareClass,
-    MigClass,
-    TimeSlicingClass,
-    VolcanoClass,
-    QgpuClass,
-    CgpuClass,
-    MgpuClass,
-    ElasticGpuClass,
-    ExtendedClass,
-    DraClass,
-)
-
-
-def describe_resources(resources: Mapping[str, int]) -> str:
-    """Write resources as `name: value` pairs for a message."""
-    return ", ".join(f"{name}: {value}" for name, value in sorted(resources.items()))
-
-
-def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) -> str | None:
-    """Return a warning when the grant is larger than the ask, else None."""
-    asked = cls.share_of(ask)
-    if grant.charge <= asked:
-        return None
-    return (
-        f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
-        f"({describe_resources(grant.resources)}); quota is charged {format_amount(grant.charge)}"
-    )
