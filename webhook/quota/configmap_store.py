@@ -38,13 +38,14 @@ class RecordText:
     """
 
     def __init__(self) -> None:
-        self._last: dict[str, dict[str, tuple[Reservation, bytes]]] = {}
+        # Per namespace, each reservation last written with its text.
+        self._encoded: dict[str, dict[str, tuple[Reservation, bytes]]] = {}
 
     def encode(self, namespace: str, reservations: Mapping[str, Reservation]) -> bytes:
         """Return the record's JSON: the same bytes as encoding the whole mapping at once,
         in the mapping's order (readers parse it, so the order carries nothing)."""
-        before = self._last.get(namespace, {})
-        now = {
+        before = self._encoded.get(namespace, {})
+        encoded = {
             uid: (
                 known
                 if (known := before.get(uid)) is not None and known[0] is reservation
@@ -52,22 +53,24 @@ class RecordText:
             )
             for uid, reservation in reservations.items()
         }
-        self._last[namespace] = now
-        return b"{" + b",".join([text for _, text in now.values()]) + b"}"
+        self._encoded[namespace] = encoded
+        return b"{" + b",".join([text for _, text in encoded.values()]) + b"}"
 
     def forget(self, namespace: str) -> None:
         """Drop what is kept of a namespace whose record is gone."""
-        self._last.pop(namespace, None)
+        self._encoded.pop(namespace, None)
 
     def namespaces(self) -> list[str]:
         """Return the namespaces whose reservations' text is kept."""
-        return list(self._last)
+        return list(self._encoded)
 
     def keep_only(self, namespaces: Iterable[str]) -> None:
         """Drop what is kept of every namespace but these, whose records exist: another
         replica may have deleted the others' (and their namespaces may be gone)."""
         keep = set(namespaces)
-        self._last = {ns: kept for ns, kept in self._last.items() if ns in keep}
+        self._encoded = {
+            namespace: entries for namespace, entries in self._encoded.items() if namespace in keep
+        }
 
 
 def _entry(uid: str, reservation: Reservation) -> bytes:
