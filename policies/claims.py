@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from policies.backends.dra import parse_template_name, requested_device_classes
+from policies.dra_templates import parse_template_name, requested_device_classes
 from policies.errors import Denial
 from policies.policy import MANAGED_BY, MANAGER, Policy
 from policies.shapes import check_metadata, shown

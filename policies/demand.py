@@ -13,8 +13,9 @@ from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
 from policies.asks import Ask, MemoryShare, Share, Whole
-from policies.backends.dra import DraClass, entry_name, is_entry_name, parse_template_name
+from policies.backends.dra import DraClass
 from policies.class_base import ClassBase
+from policies.dra_templates import entry_name, is_entry_name, parse_template_name
 from policies.errors import Denial
 from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity

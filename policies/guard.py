@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
 from policies.backends import VirtualGpuClass
-from policies.backends.dra import parse_template_name
+from policies.dra_templates import parse_template_name
 from policies.errors import Denial
 from policies.policy import STACK_NAMES, Guard, Policy, ResourceRole
 from policies.shapes import clipped, shown

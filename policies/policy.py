@@ -12,8 +12,9 @@ from typing import NamedTuple
 from pydantic import Field, field_validator, model_validator
 
 from policies.backends import BACKENDS, GpuClass, VirtualGpuClass
-from policies.backends.dra import NVIDIA_DEVICE_CLASSES, DraClass
+from policies.backends.dra import DraClass
 from policies.class_base import ClassBase, Model, NamespaceName
+from policies.dra_templates import NVIDIA_DEVICE_CLASSES
 from policies.models import (
     GFD_PRODUCT_LABEL,
     USE_GPUTYPE,

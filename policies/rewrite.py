@@ -15,9 +15,10 @@ from typing import Any
 import orjson
 
 from policies.asks import Grant
-from policies.backends.dra import ClaimTemplate, DraClass, entry_name, is_entry_name
+from policies.backends.dra import DraClass
 from policies.class_base import ClassBase, rounding_warning
 from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_demand, read_demand
+from policies.dra_templates import ClaimTemplate, entry_name, is_entry_name
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy

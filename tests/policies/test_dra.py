@@ -23,9 +23,9 @@ from policies import (
     plan_inputs,
     pod_charge,
 )
-from policies.backends.dra import (
+from policies.backends.dra import DraClass
+from policies.dra_templates import (
     ClaimTemplate,
-    DraClass,
     TemplateName,
     entry_name,
     is_entry_name,

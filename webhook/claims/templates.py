@@ -20,8 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.backends.dra import ClaimTemplate, DraClass, parse_template_name
+from policies.backends.dra import DraClass
 from policies.demand import TERMINAL_PHASES
+from policies.dra_templates import ClaimTemplate, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
