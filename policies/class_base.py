@@ -7,7 +7,7 @@ Every backend in `policies.backends` is a `ClassBase`; the union of them all is
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, Any, ClassVar, Literal
@@ -24,8 +24,9 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.dra_templates import ClaimTemplate
 from policies.errors import Denial
-from policies.models import GFD_PRODUCT_LABEL, gfd_product
+from policies.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
 from policies.quantity import QuantityError, format_amount, format_bytes, parse_quantity
 
 
@@ -106,6 +107,13 @@ class ClassBase(Model):
     # allocated at scheduling, init containers' too): the pod is charged their sum, not the
     # effective request of Kubernetes' init-container rule.
     holds_for_pod_lifetime: ClassVar[bool] = False
+    # True where the class's GPUs come through a ResourceClaim of gpuadm's template
+    # (`claim_template`), not through extended resources.
+    claims_devices: ClassVar[bool] = False
+    # The GPU stack whose in-container limiter (HAMi-core) holds the class's pods to their
+    # resources, as messages name it, or None: in such pods the guard refuses the variables
+    # that switch the limiter off (`guard.isolationSwitches`).
+    limiter: ClassVar[str | None] = None
 
     memory: Bytes | None = None
     models: list[GpuName] | None = None
@@ -162,9 +170,44 @@ class ClassBase(Model):
         """Return every extended resource this backend uses."""
         raise NotImplementedError
 
-    def pod_annotations(self) -> Mapping[str, str]:
-        """Return the annotations the backend's declaration gives every pod of the class."""
+    def resource_prefixes(self) -> tuple[str, ...]:
+        """Return the prefixes of resource names the backend makes up (MIG profiles)."""
+        return ()
+
+    def pod_annotations(self, class_name: str, others: Sequence[ClassModel]) -> Mapping[str, str]:
+        """Return the annotations every pod of the class gets, such as the GPU models the
+        stack may give it; `others` are the GPU models the policy's other classes list."""
         return {}
+
+    def gputype_entries(self) -> list[str]:
+        """Return the names the class's GPUs are known by to HAMi and Volcano."""
+        return [hami_device_type(model) for model in self.models or ()]
+
+    @property
+    def gputypes_as_written(self) -> bool:
+        """Tell whether the class writes GPU types into `use-gputype` as the admin typed them."""
+        return False
+
+    def check_gpu_types(self, class_name: str, others: Mapping[str, ClassBase]) -> None:
+        """Refuse GPU types of the class that would also pick another class's GPUs (or let
+        it pick theirs); raise ValueError. Only a class whose pods carry `use-gputype` can."""
+
+    def policy_warnings(self, class_name: str, annotations: Mapping[str, str]) -> list[str]:
+        """Return what the admin should know of the class, given the annotations its pods get."""
+        return []
+
+    def device_classes(self) -> frozenset[str]:
+        """Return the DeviceClasses the class claims its GPUs from (`claims_devices`)."""
+        return frozenset()
+
+    def claim_template(self, class_name: str, count: int) -> ClaimTemplate | None:
+        """Return the ResourceClaimTemplate gpuadm keeps for `count` devices of the class, or
+        None for a class whose GPUs are not claimed."""
+        return None
+
+    def check_containers(self, class_name: str, containers: Sequence[str]) -> None:
+        """Refuse a pod whose `containers` (named as messages name them), each asking for
+        GPUs of the class, are more than the backend can give to; raise `Denial`."""
 
     def grant(self, ask: Ask) -> Grant:
         """Turn an ask into this backend's resources, rounding only ever up."""

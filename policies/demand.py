@@ -13,7 +13,6 @@ from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
 from policies.asks import Ask, MemoryShare, Share, Whole
-from policies.backends.dra import DraClass
 from policies.class_base import ClassBase
 from policies.dra_templates import entry_name, is_entry_name, parse_template_name
 from policies.errors import Denial
@@ -133,12 +132,7 @@ def read_demand(
     class_name = _pod_class(pod, found, policy, namespace_default_class)
     gpu_class = policy.classes[class_name]
     containers = tuple(_container_demand(item, class_name, gpu_class, policy) for item in found)
-    if gpu_class.backend_name() == "gpushare" and len(containers) > 1:
-        names = ", ".join(str(c.ref) for c in containers)
-        raise Denial(
-            f"class {class_name} (gpushare) gives a GPU to one container per pod, but {names} "
-            "all ask for one; gpushare cannot share a GPU between containers of a pod"
-        )
+    gpu_class.check_containers(class_name, [str(c.ref) for c in containers])
     return PodDemand(class_name, gpu_class, containers)
 
 
@@ -213,7 +207,8 @@ def _claimed(
             )
         parsed = parse_template_name(template)
         assert parsed is not None  # `_gpuadm_entries` kept gpuadm's templates only
-        if not isinstance(policy.classes.get(parsed.class_name), DraClass):
+        gpu_class = policy.classes.get(parsed.class_name)
+        if gpu_class is None or not gpu_class.claims_devices:
             raise Denial(
                 f"{ref}: ResourceClaimTemplate {template} was written for class "
                 f"{parsed.class_name}, which is not a dra class of the policy"

@@ -21,10 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple
 
-from policies.backends import VirtualGpuClass
 from policies.dra_templates import parse_template_name
 from policies.errors import Denial
-from policies.policy import STACK_NAMES, Guard, Policy, ResourceRole
+from policies.policy import Guard, Policy, ResourceRole
 from policies.shapes import clipped, shown
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -105,7 +104,7 @@ def check_guard(pod: Mapping[str, Any], policy: Policy, class_name: str | None) 
 
     `class_name` is the pod's GPU class as `plan` found it, None for a pod without GPU
     demand: a privileged container counts only in a GPU pod, and the isolation switches only
-    in a pod of a `hami` or `volcano` class.
+    in a pod of a class that names a limiter (`hami`, `volcano`).
     """
     guard = policy.guard
     spec = _mapping(pod.get("spec"))
@@ -261,34 +260,33 @@ def _switches_isolation(entry: Mapping[str, Any], name: str, stack: str) -> tupl
     Only a core policy that keeps the limit (`default`, `force`) is None; every other value of
     the variables the caller picked out switches a limit off or overrides it.
     """
-    stack_name = STACK_NAMES[stack]
     value = entry.get("value")
     from_elsewhere = entry.get("valueFrom") is not None
     if name == DISABLE_CONTROL:
         reason = (
-            f"can switch {stack_name}'s in-container limiter (HAMi-core) off, so the container "
+            f"can switch {stack}'s in-container limiter (HAMi-core) off, so the container "
             "could use the whole GPU while charged for its share; remove it"
         )
     elif name == SHARED_CACHE:
         reason = (
-            f"points {stack_name}'s limiter (HAMi-core) at a region file of the pod's own, whose "
+            f"points {stack}'s limiter (HAMi-core) at a region file of the pod's own, whose "
             "limits it takes over the device plugin's; remove it, the device plugin sets it"
         )
     elif name == REDIRECT:
         reason = (
-            f"makes {stack_name}'s limiter (HAMi-core) take CUDA calls from another library, "
+            f"makes {stack}'s limiter (HAMi-core) take CUDA calls from another library, "
             "which does not limit them; remove it"
         )
     elif name == CORE_POLICY:
         if not from_elsewhere and isinstance(value, str) and value.lower() in KEPT_CORE_POLICY:
             return None
         reason = (
-            f"may lift {stack_name}'s core limit (only default or force keep it), so the "
+            f"may lift {stack}'s core limit (only default or force keep it), so the "
             "container could use every core while charged for its share"
         )
     else:
         reason = (
-            f"overrides a limit that {stack_name}'s device plugin sets from the pod's "
+            f"overrides a limit that {stack}'s device plugin sets from the pod's "
             "resources; remove it, the resources set it"
         )
     shown = f"env {name} from valueFrom" if from_elsewhere else f"env {name}={_shown(value)}"
@@ -310,7 +308,7 @@ def _env_from_violations(
         yield Violation(
             _where(kind, container),
             f"envFrom[{index}] ({_source_name(source)})",
-            f"may set {STACK_NAMES[stack]}'s limiter variables (GPU_CORE_UTILIZATION_POLICY, "
+            f"may set {stack}'s limiter variables (GPU_CORE_UTILIZATION_POLICY, "
             "CUDA_DEVICE_MEMORY_LIMIT, ...) from a ConfigMap or Secret gpuadm cannot read; "
             "give it a prefix no such variable starts with (e.g. APP_), and set the "
             "container's own CUDA and GPU variables as plain env",
@@ -489,9 +487,9 @@ def _holds_gpus(spec: Mapping[str, Any], policy: Policy) -> bool:
 
 
 def _stack(policy: Policy, class_name: str | None) -> str | None:
-    """Return `hami` or `volcano` for a class whose GPUs HAMi-core isolates, else None."""
+    """Return the stack whose limiter (HAMi-core) isolates the class's pods, else None."""
     gpu_class = policy.classes.get(class_name) if class_name is not None else None
-    return gpu_class.stack if isinstance(gpu_class, VirtualGpuClass) else None
+    return gpu_class.limiter if gpu_class is not None else None
 
 
 _ABSENT = object()

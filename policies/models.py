@@ -30,6 +30,8 @@ DEVICE_CHOICE_ANNOTATIONS = (
 )
 
 VgpuStack = Literal["hami", "volcano"]
+# How messages name each stack.
+STACK_NAMES: Mapping[VgpuStack, str] = {"hami": "HAMi", "volcano": "Volcano"}
 
 
 class ClassModel(NamedTuple):

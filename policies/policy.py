@@ -11,18 +11,10 @@ from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.backends import BACKENDS, GpuClass, VirtualGpuClass
-from policies.backends.dra import DraClass
+from policies.backends import BACKENDS, GpuClass
 from policies.class_base import ClassBase, Model, NamespaceName
 from policies.dra_templates import NVIDIA_DEVICE_CLASSES
-from policies.models import (
-    GFD_PRODUCT_LABEL,
-    USE_GPUTYPE,
-    ClassModel,
-    gputype_annotations,
-    hami_device_type,
-    unexcluded,
-)
+from policies.models import ClassModel
 
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
@@ -33,7 +25,6 @@ STANDARD_GPU = "nvidia.com/gpu"
 # growing here; names past it are classified on every request instead. A policy's own names
 # number in the tens, so legitimate traffic never reaches it.
 MAX_REMEMBERED_NAMES = 4096
-STACK_NAMES = {"hami": "HAMi", "volcano": "Volcano"}
 # The service accounts of HAMi's and Volcano's scheduler and device plugin as their standard
 # installs name them: HAMi's chart installed as `hami` in kube-system, Volcano's scheduler in
 # volcano-system, and its vGPU device plugin's manifest in kube-system.
@@ -200,9 +191,7 @@ class Policy(Model):
         prefixes = {"nvidia.com/mig-"}
         for gpu_class in self.classes.values():
             names.update(gpu_class.resource_names())
-            prefix = getattr(gpu_class, "resource_prefix", None)
-            if prefix:
-                prefixes.add(prefix)
+            prefixes.update(prefix for prefix in gpu_class.resource_prefixes() if prefix)
         return _Lookup(
             keys,
             frozenset(names),
@@ -217,8 +206,7 @@ class Policy(Model):
         class's."""
         names = {*NVIDIA_DEVICE_CLASSES, *self.gpu_device_classes}
         for gpu_class in self.classes.values():
-            if isinstance(gpu_class, DraClass):
-                names.add(gpu_class.device_class_name)
+            names.update(gpu_class.device_classes())
         return frozenset(names)
 
     def class_key(self, name: str) -> ClassKey | None:
@@ -270,114 +258,31 @@ class Policy(Model):
 def _gputype_table(classes: Mapping[str, ClassBase]) -> dict[str, dict[str, str]]:
     """Return the annotations each class writes on its pods, by class name.
 
-    HAMi and Volcano classes get use-gputype and nouse-gputype; a declared backend
-    (`extended` and its presets) gets the annotations it names.
+    Each class is given the GPU models the policy's other classes list, to exclude them
+    (HAMi's and Volcano's use-gputype and nouse-gputype).
     """
     listed = [ClassModel(name, model) for name, c in classes.items() for model in c.models or ()]
-    table = {name: dict(c.pod_annotations()) for name, c in classes.items() if c.pod_annotations()}
+    table = {}
     for name, gpu_class in classes.items():
-        if not isinstance(gpu_class, VirtualGpuClass):
-            continue
-        if gpu_class.gpu_types:
-            table[name] = {USE_GPUTYPE: ",".join(gpu_class.gpu_types)}
-        elif gpu_class.models:
-            others = [listing for listing in listed if listing.class_name != name]
-            table[name] = gputype_annotations(
-                name, gpu_class.models, stack=gpu_class.stack, others=others
-            )
+        others = [listing for listing in listed if listing.class_name != name]
+        if annotations := gpu_class.pod_annotations(name, others):
+            table[name] = dict(annotations)
     return table
 
 
 def _check_gpu_types(classes: Mapping[str, ClassBase]) -> None:
-    """Refuse `gpuTypes` that would also pick another class's GPUs, or let it pick theirs.
-
-    HAMi and Volcano match `nvidia.com/use-gputype` by case-insensitive substring, so a class
-    typed `A10` would also land on A100s. `gpuTypes` are written as they are, so gpuadm can
-    only refuse such a pair; `models` it can make exact (`policies.models`).
-    """
-    entries = [
-        (name, gpu_class, entry)
-        for name, gpu_class in classes.items()
-        for entry in _type_entries(gpu_class)
-    ]
-    for name, gpu_class, entry in entries:
-        if not isinstance(gpu_class, VirtualGpuClass):
-            continue  # its pods carry no use-gputype
-        stack = STACK_NAMES[gpu_class.stack]
-        for other_name, other_class, other in entries:
-            if other_name == name or not (_typed(gpu_class) or _typed(other_class)):
-                continue
-            if entry.upper() in other.upper():
-                raise ValueError(
-                    f"class {name!r}: {stack} GPU type {entry!r} is a substring of {other!r} of "
-                    f"class {other_name!r}, and {stack} matches by substring, so {name!r} pods "
-                    f"could land on {other_name!r} GPUs; use the full name"
-                )
-
-
-def _typed(gpu_class: ClassBase) -> bool:
-    return isinstance(gpu_class, VirtualGpuClass) and bool(gpu_class.gpu_types)
-
-
-def _type_entries(gpu_class: ClassBase) -> list[str]:
-    """Return the names a class's GPUs are known by to HAMi and Volcano."""
-    if isinstance(gpu_class, VirtualGpuClass) and gpu_class.gpu_types:
-        return list(gpu_class.gpu_types)
-    return [hami_device_type(model) for model in gpu_class.models or ()]
+    """Refuse GPU types of a class that would also pick another class's GPUs."""
+    for name, gpu_class in classes.items():
+        gpu_class.check_gpu_types(name, {n: c for n, c in classes.items() if n != name})
 
 
 def policy_warnings(policy: Policy) -> list[str]:
-    """Return what the admin should know of a valid policy: classes not held to a GPU model.
-
-    A HAMi or Volcano class with neither `models` nor `gpuTypes` is accepted, but its pods
-    may get any GPU model the stack schedules; a Volcano class that must fall back to
-    `nouse-gputype` alone may also get a model that no class of the policy lists.
-    """
-    warnings = []
-    for name, gpu_class in policy.classes.items():
-        if not isinstance(gpu_class, VirtualGpuClass):
-            continue
-        backend = gpu_class.backend_name()
-        if not gpu_class.models and not gpu_class.gpu_types:
-            note = ""
-            if GFD_PRODUCT_LABEL in gpu_class.node_selector:
-                note = (
-                    f" (its nodeSelector on {GFD_PRODUCT_LABEL} keeps them to those nodes, but "
-                    f"{backend} does not read node labels when it picks a GPU)"
-                )
-            warnings.append(
-                f"class {name} ({backend}) lists neither `models` nor `gpuTypes`: its pods may "
-                f"land on any GPU model{note}; list the GPU models of the class under `models`"
-            )
-        elif gpu_class.models:
-            warnings += _model_warnings(name, gpu_class, policy.backend_annotations(name))
-    return warnings
-
-
-def _model_warnings(
-    name: str, gpu_class: VirtualGpuClass, annotations: Mapping[str, str]
-) -> list[str]:
-    """Warn where a class's annotations are exact only among the GPU models gpuadm knows."""
-    backend = gpu_class.backend_name()
-    models = gpu_class.models or []
-    warnings = []
-    if USE_GPUTYPE not in annotations:
-        warnings.append(
-            f"class {name} ({backend}): Volcano ignores nouse-gputype whenever "
-            "use-gputype is set, and use-gputype would also match other GPU models, so the "
-            "class's pods get nouse-gputype alone, naming every other GPU model gpuadm knows "
-            "(the policy's and its catalogue's): they may also land on a GPU model that "
-            "gpuadm does not know"
-        )
-    leaks = unexcluded(models, annotations, stack=gpu_class.stack)
-    if leaks:
-        named = "; ".join(f"{gpu!r} ({why})" for gpu, why in leaks)
-        warnings.append(
-            f"class {name} ({backend}): its pods may also land on GPU models it does not list, "
-            f"since {STACK_NAMES[gpu_class.stack]} matches GPU types by case-insensitive "
-            f"substring: {named}. List them in the class if they belong to it"
-        )
-    return warnings
+    """Return what the admin should know of a valid policy: classes not held to a GPU model."""
+    return [
+        warning
+        for name, gpu_class in policy.classes.items()
+        for warning in gpu_class.policy_warnings(name, policy.backend_annotations(name))
+    ]
 
 
 # What the webhook configurations gpuadm ships send it (deploy/base, and the Helm chart's
@@ -406,9 +311,11 @@ def routing_warnings(policy: Policy) -> list[str]:
             for n in gpu_class.resource_names()
             if n not in routed and not n.startswith(ROUTED_PREFIXES)
         )
-        prefix = getattr(gpu_class, "resource_prefix", None)
-        if prefix and not prefix.startswith(ROUTED_PREFIXES):
-            names.append(prefix + "*")
+        names += [
+            prefix + "*"
+            for prefix in gpu_class.resource_prefixes()
+            if prefix and not prefix.startswith(ROUTED_PREFIXES)
+        ]
         if names:
             warnings.append(
                 f"class {name}: the shipped webhooks never send gpuadm a pod that asks only "

@@ -15,7 +15,6 @@ from typing import Any
 import orjson
 
 from policies.asks import Grant
-from policies.backends.dra import DraClass
 from policies.class_base import ClassBase, rounding_warning
 from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_demand, read_demand
 from policies.dra_templates import ClaimTemplate, entry_name, is_entry_name
@@ -81,7 +80,7 @@ def plan(
         entry = None
         if grant.devices:
             entry = entry_name(container.ref.kind, container.ref.index)
-            templates[entry] = _dra(demand).template(demand.class_name, grant.devices)
+            templates[entry] = _claim_template(demand, grant.devices)
         resources = _container(pod, container).get("resources") or {}
         rewritten = _rewrite_resources(resources, container, grant, entry)
         if rewritten != resources:
@@ -201,10 +200,10 @@ def _pod_charge(demand: PodDemand, charges: list[tuple[ContainerRef, Fraction]])
     return effective_demand(charges)
 
 
-def _dra(demand: PodDemand) -> DraClass:
-    gpu_class = demand.gpu_class
-    assert isinstance(gpu_class, DraClass)  # only a dra class grants devices
-    return gpu_class
+def _claim_template(demand: PodDemand, devices: int) -> ClaimTemplate:
+    template = demand.gpu_class.claim_template(demand.class_name, devices)
+    assert template is not None  # only a class that claims its devices grants them
+    return template
 
 
 def _grant(container: ContainerDemand, demand: PodDemand) -> Grant:

@@ -9,7 +9,7 @@ for quota.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, ClassVar, Literal
@@ -20,7 +20,15 @@ from pydantic_core import PydanticCustomError
 from policies.asks import Ask, Grant, MemoryShare, Whole
 from policies.class_base import Bytes, ClassBase, GpuName, Model, ResourceName
 from policies.errors import Denial
-from policies.models import VgpuStack
+from policies.models import (
+    GFD_PRODUCT_LABEL,
+    STACK_NAMES,
+    USE_GPUTYPE,
+    ClassModel,
+    VgpuStack,
+    gputype_annotations,
+    unexcluded,
+)
 from policies.quantity import MiB, ceil_div, format_amount, format_bytes
 
 
@@ -91,6 +99,89 @@ class VirtualGpuClass(ClassBase):
             if name is not None
         )
 
+    def pod_annotations(self, class_name: str, others: Sequence[ClassModel]) -> Mapping[str, str]:
+        if self.gpu_types:
+            return {USE_GPUTYPE: ",".join(self.gpu_types)}
+        if self.models:
+            return gputype_annotations(class_name, self.models, stack=self.stack, others=others)
+        return {}
+
+    def gputype_entries(self) -> list[str]:
+        if self.gpu_types:
+            return list(self.gpu_types)
+        return super().gputype_entries()
+
+    @property
+    def gputypes_as_written(self) -> bool:
+        return bool(self.gpu_types)
+
+    def check_gpu_types(self, class_name: str, others: Mapping[str, ClassBase]) -> None:
+        """Refuse `gpuTypes` that would also pick another class's GPUs, or let it pick theirs.
+
+        HAMi and Volcano match `nvidia.com/use-gputype` by case-insensitive substring, so a
+        class typed `A10` would also land on A100s. `gpuTypes` are written as they are, so
+        gpuadm can only refuse such a pair; `models` it can make exact (`policies.models`).
+        """
+        stack = STACK_NAMES[self.stack]
+        for entry in self.gputype_entries():
+            for other_name, other_class in others.items():
+                if not (self.gputypes_as_written or other_class.gputypes_as_written):
+                    continue
+                for other in other_class.gputype_entries():
+                    if entry.upper() in other.upper():
+                        raise ValueError(
+                            f"class {class_name!r}: {stack} GPU type {entry!r} is a substring of "
+                            f"{other!r} of class {other_name!r}, and {stack} matches by "
+                            f"substring, so {class_name!r} pods could land on {other_name!r} "
+                            "GPUs; use the full name"
+                        )
+
+    def policy_warnings(self, class_name: str, annotations: Mapping[str, str]) -> list[str]:
+        """Warn of a class not held to a GPU model.
+
+        A class with neither `models` nor `gpuTypes` is accepted, but its pods may get any
+        GPU model the stack schedules; a Volcano class that must fall back to
+        `nouse-gputype` alone may also get a model that no class of the policy lists.
+        """
+        backend = self.backend_name()
+        if not self.models and not self.gpu_types:
+            note = ""
+            if GFD_PRODUCT_LABEL in self.node_selector:
+                note = (
+                    f" (its nodeSelector on {GFD_PRODUCT_LABEL} keeps them to those nodes, but "
+                    f"{backend} does not read node labels when it picks a GPU)"
+                )
+            return [
+                f"class {class_name} ({backend}) lists neither `models` nor `gpuTypes`: its pods "
+                f"may land on any GPU model{note}; list the GPU models of the class under `models`"
+            ]
+        if self.models:
+            return self._model_warnings(class_name, annotations)
+        return []
+
+    def _model_warnings(self, class_name: str, annotations: Mapping[str, str]) -> list[str]:
+        """Warn where the class's annotations are exact only among the GPU models gpuadm knows."""
+        backend = self.backend_name()
+        models = self.models or []
+        warnings = []
+        if USE_GPUTYPE not in annotations:
+            warnings.append(
+                f"class {class_name} ({backend}): Volcano ignores nouse-gputype whenever "
+                "use-gputype is set, and use-gputype would also match other GPU models, so the "
+                "class's pods get nouse-gputype alone, naming every other GPU model gpuadm knows "
+                "(the policy's and its catalogue's): they may also land on a GPU model that "
+                "gpuadm does not know"
+            )
+        leaks = unexcluded(models, annotations, stack=self.stack)
+        if leaks:
+            named = "; ".join(f"{gpu!r} ({why})" for gpu, why in leaks)
+            warnings.append(
+                f"class {class_name} ({backend}): its pods may also land on GPU models it does "
+                f"not list, since {STACK_NAMES[self.stack]} matches GPU types by "
+                f"case-insensitive substring: {named}. List them in the class if they belong to it"
+            )
+        return warnings
+
     def grant(self, ask: Ask) -> Grant:
         names = self.resources
         if isinstance(ask, Whole):
@@ -132,6 +223,7 @@ class HamiClass(VirtualGpuClass):
     """HAMi: vGPUs scheduled by hami-scheduler, GPU model chosen by `nvidia.com/use-gputype`."""
 
     stack: ClassVar[VgpuStack] = "hami"
+    limiter: ClassVar[str | None] = STACK_NAMES["hami"]
     default_scheduler: ClassVar[str | None] = "hami-scheduler"
     backend: Literal["hami"] = "hami"
     resources: VgpuNames = VgpuNames(
@@ -146,6 +238,7 @@ class VolcanoClass(VirtualGpuClass):
     """Volcano's vGPU: the same model as HAMi under volcano.sh names and the volcano scheduler."""
 
     stack: ClassVar[VgpuStack] = "volcano"
+    limiter: ClassVar[str | None] = STACK_NAMES["volcano"]
     default_scheduler: ClassVar[str | None] = "volcano"
     backend: Literal["volcano"] = "volcano"
     resources: VgpuNames = VgpuNames(
@@ -216,6 +309,14 @@ class GpushareClass(ClassBase):
 
     def resource_names(self) -> frozenset[str]:
         return frozenset({self.resource})
+
+    def check_containers(self, class_name: str, containers: Sequence[str]) -> None:
+        if len(containers) > 1:
+            raise Denial(
+                f"class {class_name} (gpushare) gives a GPU to one container per pod, but "
+                f"{', '.join(containers)} all ask for one; gpushare cannot share a GPU between "
+                "containers of a pod"
+            )
 
     def _unit(self) -> int:
         return 2**30 if self.memory_unit == "GiB" else MiB
@@ -301,6 +402,9 @@ class MigClass(ClassBase):
 
     def resource_names(self) -> frozenset[str]:
         return frozenset(self.resource_prefix + profile for profile in self.profiles)
+
+    def resource_prefixes(self) -> tuple[str, ...]:
+        return (self.resource_prefix,)
 
     def owns(self, resource: str) -> bool:
         return resource.startswith(self.resource_prefix)

@@ -32,6 +32,7 @@ class DraClass(ClassBase):
 
     uses_memory: ClassVar[bool] = False
     holds_for_pod_lifetime: ClassVar[bool] = True
+    claims_devices: ClassVar[bool] = True
     backend: Literal["dra"] = "dra"
     device_class_name: str = "gpu.nvidia.com"
     # The DRA driver whose attributes the selectors read (`device.attributes[driver]`).
@@ -91,6 +92,8 @@ class DraClass(ClassBase):
             exactly["selectors"] = [{"cel": {"expression": e}} for e in expressions]
         return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}}
 
-    def template(self, class_name: str, count: int) -> ClaimTemplate:
-        """Return the ResourceClaimTemplate gpuadm keeps for `count` devices of the class."""
+    def device_classes(self) -> frozenset[str]:
+        return frozenset({self.device_class_name})
+
+    def claim_template(self, class_name: str, count: int) -> ClaimTemplate:
         return ClaimTemplate.named_for(class_name, count, self.claim_spec(count))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, ClassVar, Literal
@@ -32,6 +32,7 @@ from pydantic import (
 from policies.asks import Ask, Grant, MemoryShare, Whole
 from policies.class_base import Bytes, ClassBase, Model
 from policies.errors import Denial
+from policies.models import ClassModel
 from policies.quantity import ceil_div, format_bytes
 
 Dimension = Literal["count", "compute", "memory"]
@@ -235,7 +236,7 @@ class ExtendedBase(ClassBase):
             name for name in (self.resources.name(d) for d in DIMENSIONS) if name is not None
         )
 
-    def pod_annotations(self) -> Mapping[str, str]:
+    def pod_annotations(self, class_name: str, others: Sequence[ClassModel]) -> Mapping[str, str]:
         return self.annotations
 
     def grant(self, ask: Ask) -> Grant:

@@ -162,7 +162,7 @@ def test_gpuadms_own_template_is_refused_to_anyone_else() -> None:
     policy = load_policy(POLICY_YAML + "  b200:\n    backend: dra\n")
     b200 = policy.classes["b200"]
     assert isinstance(b200, DraClass)
-    manifest = b200.template("b200", 2).manifest(
+    manifest = b200.claim_template("b200", 2).manifest(
         "team-x", labels={"app.kubernetes.io/managed-by": "gpuadm"}
     )
     with pytest.raises(Denial) as denied:

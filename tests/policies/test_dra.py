@@ -60,7 +60,7 @@ def dra_class(policy: Policy, name: str) -> DraClass:
 
 
 def template_of(count: int, class_name: str = "b200", policy: Policy = DRA_POLICY) -> ClaimTemplate:
-    return dra_class(policy, class_name).template(class_name, count)
+    return dra_class(policy, class_name).claim_template(class_name, count)
 
 
 def b200_spec(count: int) -> dict[str, Any]:

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from policies.backends.dra import DraClass
 from policies.demand import TERMINAL_PHASES
 from policies.dra_templates import ClaimTemplate, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
@@ -195,12 +194,16 @@ class ClusterTemplates:
         namespace, name = key
         parsed = parse_template_name(name)
         gpu_class = policy.classes.get(parsed.class_name) if parsed else None
-        if parsed is None or not isinstance(gpu_class, DraClass):
+        template = (
+            gpu_class.claim_template(parsed.class_name, parsed.devices)
+            if gpu_class is not None and parsed is not None
+            else None
+        )
+        if template is None:
             log.warning(
                 "a pod in %s names ResourceClaimTemplate %s, which gpuadm cannot make", *key
             )
             return False
-        template = gpu_class.template(parsed.class_name, parsed.devices)
         if template.name != name:
             log.warning(
                 "a pod in %s names ResourceClaimTemplate %s, written under an earlier policy; "
@@ -243,7 +246,7 @@ def _key(obj: dict[str, Any]) -> tuple[str, str]:
 
 
 def _dra_classes(policy: Policy) -> set[str]:
-    return {name for name, c in policy.classes.items() if isinstance(c, DraClass)}
+    return {name for name, c in policy.classes.items() if c.claims_devices}
 
 
 def _templates_of(pod: dict[str, Any]) -> Iterable[str]:

@@ -19,7 +19,7 @@ from webhook.kube.rest import AsyncApi
 POLICY = load_policy("classes:\n  h100: {backend: dra, models: [NVIDIA H100 80GB HBM3]}\n")
 GPU_CLASS = POLICY.classes["h100"]
 assert isinstance(GPU_CLASS, DraClass)
-TEMPLATE = GPU_CLASS.template("h100", 1)
+TEMPLATE = GPU_CLASS.claim_template("h100", 1)
 
 
 class Api:
