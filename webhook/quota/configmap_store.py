@@ -2,7 +2,7 @@
 
 One ConfigMap per tenant namespace, `gpuadm-usage-<namespace>`, in gpuadm's own namespace.
 Writes carry the resourceVersion that was read; the apiserver refuses a stale one with 409,
-which is exactly the compare-and-swap the ledger needs.
+which is exactly the compare-and-swap the reservation book needs.
 """
 
 from __future__ import annotations
