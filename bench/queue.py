@@ -27,7 +27,7 @@ from typing import Any
 
 import jsonpatch
 
-from policies import check_final, plan
+from policies import plan, require_fixed_point
 from policies.queue import add_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
@@ -213,7 +213,7 @@ async def gated_admission_ms(waiting: int, judgements: int) -> float:
     times = []
     for _ in range(judgements):
         body = pods.make("team-long", "0.5")
-        result = check_final(body, config.policy)
+        result = require_fixed_point(plan(body, config.policy))
         started = time.perf_counter()
         verdict = await leader.ledger.admit(request(body, dry_run=True), result, config)
         times.append(time.perf_counter() - started)
@@ -247,7 +247,7 @@ async def admissions_beside_ms(waiting: int, seconds: float) -> dict[str, float]
     ends = time.perf_counter() + seconds
     while time.perf_counter() < ends:
         body = pods.make("team-e", "0.001", gated=False)
-        result = check_final(body, config.policy)
+        result = require_fixed_point(plan(body, config.policy))
         started = time.perf_counter()
         await leader.ledger.admit(request(body, dry_run=True), result, config)
         latencies.append(time.perf_counter() - started)

@@ -21,7 +21,7 @@ from typing import Any
 import jsonpatch
 
 from bench.reviews import ASKS, realistic_pod
-from policies import Policy, check_final, plan
+from policies import Policy, plan, require_fixed_point
 from tests.builders import POLICY_YAML
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.quota.ledger import QuotaLedger
@@ -130,7 +130,7 @@ def one_judgement(usage: UsageIndex, snapshot: ConfigSnapshot) -> Callable[[], A
     ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
     pod = stored(1, snapshot.policy)
     pod["metadata"]["namespace"] = "team-7"
-    result = check_final(pod, snapshot.policy)
+    result = require_fixed_point(plan(pod, snapshot.policy))
     request = AdmissionRequest(
         uid="bench",
         operation="CREATE",

@@ -4,12 +4,12 @@ Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes
 """
 
 from policies.errors import Denial
-from policies.final import check_final, check_update, require_fixed_point
+from policies.final import check_update, require_fixed_point
 from policies.guard import check_added_containers, check_guard
 from policies.loading import ConfigError, load_policy, load_quotas
 from policies.policy import Policy, policy_warnings
 from policies.quotas import QuotaConfig
-from policies.rewrite import Plan, plan, plan_inputs, pod_charge
+from policies.rewrite import Plan, plan, pod_charge
 
 __all__ = [
     "ConfigError",
@@ -18,13 +18,11 @@ __all__ = [
     "Policy",
     "QuotaConfig",
     "check_added_containers",
-    "check_final",
     "check_guard",
     "check_update",
     "load_policy",
     "load_quotas",
     "plan",
-    "plan_inputs",
     "pod_charge",
     "policy_warnings",
     "require_fixed_point",

@@ -9,25 +9,18 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import Policy
 from policies.queue import gate_name, is_gated
-from policies.rewrite import Plan, plan
+from policies.rewrite import Plan
 from policies.shapes import check_metadata
 
 
-def check_final(
-    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
-) -> Plan:
-    """Return the plan of a pod that is ready to store, or raise `Denial`.
+def require_fixed_point(result: Plan) -> Plan:
+    """Return the plan of a stored pod if it changes nothing, else raise the retry `Denial`.
 
     A stored GPU pod must be a fixed point of the rewrite: no class keys left, backend
     resources, scheduler, affinity and annotations exactly as gpuadm writes them. A pod that
     is not was never seen by the mutating webhook (it failed open, e.g. while unreachable),
     so it is refused with a message to retry rather than let through to the wrong scheduler.
     """
-    return require_fixed_point(plan(pod, policy, namespace_default_class=namespace_default_class))
-
-
-def require_fixed_point(result: Plan) -> Plan:
-    """Return the plan of a stored pod if it changes nothing, else raise the retry `Denial`."""
     if result.patch:
         fields = ", ".join(sorted({op["path"] for op in result.patch}))
         raise Denial(

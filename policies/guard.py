@@ -12,7 +12,7 @@ give a pod the devices its allocation annotations name. Each rule is one key of 
 unless the policy switches it off (docs/configuration.md, docs/backends.md).
 
 The checks read the pod once, linearly in its size. They run beside `plan`, not inside it:
-the plan memo is keyed by exactly what `plan` reads (`plan_inputs`), which leaves env,
+the plan memo is keyed by exactly what `plan` reads (`memo_key`), which leaves env,
 volumes and security contexts out.
 """
 

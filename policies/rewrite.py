@@ -104,25 +104,16 @@ def plan(
     )
 
 
-def plan_inputs(
-    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
-) -> bytes:
-    """Return, canonically encoded, every part of a pod that `plan` reads, and nothing else.
-
-    Two pods with the same inputs get the same plan (or the same denial), so a caller may
-    remember plans by this key (keys are not sorted: equal pods written in another key order
-    only miss the memo): the pods of one ReplicaSet or Job differ only in what `plan`
-    does not read (names, uids, most labels and annotations, images, env). A pod whose
-    fields have the wrong type has no inputs: it raises the `Denial` that `plan` would.
-    """
-    check_pod(pod)
-    return memo_key(pod, policy, namespace_default_class=namespace_default_class)
-
-
 def memo_key(
     pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
 ) -> bytes:
-    """Return `plan_inputs` of a pod, checking only its metadata.
+    """Return, canonically encoded, every part of a pod that `plan` reads, and nothing else,
+    checking only its metadata.
+
+    Two pods with the same key get the same plan (or the same denial), so a caller may
+    remember plans by it (keys are not sorted: equal pods written in another key order only
+    miss the memo): the pods of one ReplicaSet or Job differ only in what `plan` does not
+    read (names, uids, most labels and annotations, images, env).
 
     The key holds, as they are, the spec fields `check_pod` reads beyond the metadata, so two
     pods of one key pass or fail that check alike: a memo keyed by this, which plans (and so

@@ -20,7 +20,6 @@ from policies import (
     check_added_containers,
     load_policy,
     plan,
-    plan_inputs,
     pod_charge,
 )
 from policies.backends.dra import DraClass
@@ -766,7 +765,7 @@ def claims_in(kind: str, value: object) -> dict[str, Any]:
 def test_a_claim_field_of_the_wrong_type_is_denied_naming_it(
     body: dict[str, Any], message: str
 ) -> None:
-    for reader in (plan, plan_inputs, pod_charge):
+    for reader in (plan, pod_charge):
         with pytest.raises(Denial) as denied:
             reader(body, DRA_POLICY)
         assert denied.value.message == message

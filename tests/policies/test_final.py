@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from policies import Denial, Policy, check_final, check_update, plan
+from policies import Denial, Policy, check_update, plan, require_fixed_point
 from tests.builders import pod
 
 
@@ -20,13 +20,13 @@ def mutated(policy: Policy, limits: dict[str, str]) -> dict[str, Any]:
 
 
 def test_a_mutated_pod_passes(policy: Policy) -> None:
-    result = check_final(mutated(policy, {"gpuadm.io/a100": "0.5"}), policy)
+    result = require_fixed_point(plan(mutated(policy, {"gpuadm.io/a100": "0.5"}), policy))
     assert result.class_name == "a100"
     assert result.demand == "a100=0.5"
 
 
 def test_a_pod_without_gpus_passes(policy: Policy) -> None:
-    assert check_final(pod({"cpu": "1"}), policy).class_name is None
+    assert require_fixed_point(plan(pod({"cpu": "1"}), policy)).class_name is None
 
 
 @pytest.mark.parametrize(
@@ -42,7 +42,7 @@ def test_a_gpu_pod_the_mutating_webhook_never_saw_is_sent_back(
     policy: Policy, limits: dict[str, str], where: str
 ) -> None:
     with pytest.raises(Denial) as denial:
-        check_final(pod(limits), policy)
+        require_fixed_point(plan(pod(limits), policy))
     assert "not processed by gpuadm's mutating webhook" in denial.value.message
     assert "retry" in denial.value.message
     assert where in denial.value.message
@@ -52,7 +52,7 @@ def test_forged_annotations_do_not_pass_for_a_rewrite(policy: Policy) -> None:
     body = mutated(policy, {"gpuadm.io/t4": "0.5"})
     body["metadata"]["annotations"]["gpuadm.io/demand"] = "t4=0.01"
     with pytest.raises(Denial, match="not processed"):
-        check_final(body, policy)
+        require_fixed_point(plan(body, policy))
 
 
 def test_backend_resources_changed_after_mutation_are_caught(policy: Policy) -> None:
@@ -61,12 +61,12 @@ def test_backend_resources_changed_after_mutation_are_caught(policy: Policy) -> 
         body["spec"]["containers"][0]["resources"][side]["nvidia.com/gpumem"] = "81920"
     # The pod now holds all the memory of a GPU; its demand annotation must follow.
     with pytest.raises(Denial, match=re.escape("/metadata/annotations/gpuadm.io~1demand")):
-        check_final(body, policy)
+        require_fixed_point(plan(body, policy))
 
 
 def test_an_invalid_pod_gets_the_rule_not_the_retry_message(policy: Policy) -> None:
     with pytest.raises(Denial, match="is neither a whole number"):
-        check_final(pod({"gpuadm.io/a100": "1.5"}), policy)
+        require_fixed_point(plan(pod({"gpuadm.io/a100": "1.5"}), policy))
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from policies import Denial, Policy, check_update, plan, plan_inputs, pod_charge
+from policies import Denial, Policy, check_update, plan, pod_charge
 from policies.shapes import shown
 from tests.builders import container, pod
 
@@ -208,7 +208,7 @@ def with_terms(terms: Any) -> dict[str, Any]:
 def test_an_odd_pod_is_denied_naming_the_field_and_value(
     policy: Policy, body: dict[str, Any], message: str
 ) -> None:
-    for reader in (plan, plan_inputs, pod_charge):
+    for reader in (plan, pod_charge):
         with pytest.raises(Denial) as denied:
             reader(body, policy)
         assert denied.value.message == message

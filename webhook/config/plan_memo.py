@@ -1,6 +1,6 @@
 """Remember plans: the pods of one ReplicaSet or Job get the same rewrite, computed once.
 
-Keyed by `policies.plan_inputs`, which holds exactly what `plan` reads, so a remembered plan
+Keyed by `policies.rewrite.memo_key`, which holds exactly what `plan` reads, so a remembered plan
 is the plan. The key is taken without the shape check of the pod's spec, which `plan` makes
 on a miss: the key holds every field that check reads, so a hit is a pod already checked.
 One memo belongs to one config snapshot and goes with it on reload.
@@ -60,7 +60,6 @@ class PlanMemo:
         self._weight = 0
         self._evictions = 0
         self._lock = threading.Lock()
-        self.hits = 0
 
     def __len__(self) -> int:
         return len(self._plans)
@@ -75,7 +74,6 @@ class PlanMemo:
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:
-                self.hits += 1
                 self._plans.move_to_end(key)
         if entry is not None:
             found = entry[0]

@@ -57,10 +57,9 @@ _MEMBERS = {
 class BadReview(ValueError):
     """The body is not an AdmissionReview gpuadm can judge; the message says why."""
 
-    def __init__(self, reason: str, uid: str | None = None) -> None:
+    def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-        self.uid = uid
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,19 +146,19 @@ def decode_review(body: bytes) -> AdmissionRequest:
 
 
 def _request(request: dict[str, Any], uid: str, size: int) -> AdmissionRequest:
-    _check_fields(request, uid)
+    _check_fields(request)
     kind = request.get("kind")
     if not kind or not kind.get("kind"):
-        raise BadReview("request.kind is missing, or names no kind", uid)
+        raise BadReview("request.kind is missing, or names no kind")
     operation = request.get("operation")
     if operation not in _OPERATIONS:
-        raise BadReview(f"request.operation: {shown(operation)} is not one of {_OPERATIONS}", uid)
+        raise BadReview(f"request.operation: {shown(operation)} is not one of {_OPERATIONS}")
     obj = request.get("object")
     old = request.get("oldObject")
     if operation in ("CREATE", "UPDATE") and obj is None:
-        raise BadReview(f"request.object is missing, which every {operation} review carries", uid)
+        raise BadReview(f"request.object is missing, which every {operation} review carries")
     if operation == "UPDATE" and old is None:
-        raise BadReview("request.oldObject is missing, which every UPDATE review carries", uid)
+        raise BadReview("request.oldObject is missing, which every UPDATE review carries")
     user_info = request.get("userInfo") or {}
     return AdmissionRequest(
         uid=uid,
@@ -176,31 +175,31 @@ def _request(request: dict[str, Any], uid: str, size: int) -> AdmissionRequest:
     )
 
 
-def _check_fields(request: dict[str, Any], uid: str) -> None:
+def _check_fields(request: dict[str, Any]) -> None:
     """Refuse a request whose fields have other JSON types than the apiserver sends."""
     for field, (expected, spelled) in _REQUEST_FIELDS.items():
         value = request.get(field)
         if value is not None and type(value) is not expected:
-            raise BadReview(f"request.{field}: {shown(value)} is not {spelled}", uid)
+            raise BadReview(f"request.{field}: {shown(value)} is not {spelled}")
     for field, members in _MEMBERS.items():
         value = request.get(field) or {}
         for member in members:
             item = value.get(member)
             if item is not None and not isinstance(item, str):
-                raise BadReview(f"request.{field}.{member}: {shown(item)} is not a string", uid)
-    _check_user_lists(request.get("userInfo") or {}, uid)
+                raise BadReview(f"request.{field}.{member}: {shown(item)} is not a string")
+    _check_user_lists(request.get("userInfo") or {})
 
 
-def _check_user_lists(user_info: dict[str, Any], uid: str) -> None:
+def _check_user_lists(user_info: dict[str, Any]) -> None:
     groups = user_info.get("groups")
     if groups is not None and not _strings(groups):
-        raise BadReview(f"request.userInfo.groups: {shown(groups)} is not a list of strings", uid)
+        raise BadReview(f"request.userInfo.groups: {shown(groups)} is not a list of strings")
     extra = user_info.get("extra")
     if extra is not None and not (
         isinstance(extra, dict) and all(v is None or _strings(v) for v in extra.values())
     ):
         raise BadReview(
-            f"request.userInfo.extra: {shown(extra)} is not an object of lists of strings", uid
+            f"request.userInfo.extra: {shown(extra)} is not an object of lists of strings"
         )
 
 

@@ -1,4 +1,4 @@
-"""Constructors of AdmissionReview responses: allowed, patched, denied, errored.
+"""Constructors of AdmissionReview responses: patched (or admitted unchanged), denied, errored.
 
 The apiserver requires the response to echo the request's uid, apiVersion and kind. A
 validating response must carry no patch; only `patched` adds one.
@@ -20,13 +20,6 @@ from webhook.reviews.request import API_VERSION
 WARNINGS_BUDGET = 4000
 # No single warning may take the budget from the others: a quarter of it each.
 ONE_WARNING_MAX = 1000
-
-
-def allowed(
-    uid: str, *, warnings: Sequence[str] = (), audit: Mapping[str, str] | None = None
-) -> dict[str, Any]:
-    """Admit the object unchanged."""
-    return _review({"uid": uid, "allowed": True}, warnings, audit)
 
 
 def patched(

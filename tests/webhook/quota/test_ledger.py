@@ -12,7 +12,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from policies import check_final, plan
+from policies import plan, require_fixed_point
 from policies.judge import QuotaVerdict
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
@@ -60,7 +60,9 @@ def request(body: dict[str, Any], *, dry_run: bool = False) -> AdmissionRequest:
 
 async def admit(ledger: QuotaLedger, body: dict[str, Any], **kwargs: Any) -> bool:
     snapshot = config(**kwargs)
-    outcome = await ledger.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    outcome = await ledger.admit(
+        request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+    )
     return outcome is None or outcome.allowed
 
 
@@ -69,7 +71,7 @@ async def judged(
 ) -> QuotaVerdict:
     """Return the ledger's verdict on a pod that a limit applies to."""
     outcome = await ledger.admit(
-        request(body, dry_run=dry_run), check_final(body, snapshot.policy), snapshot
+        request(body, dry_run=dry_run), require_fixed_point(plan(body, snapshot.policy)), snapshot
     )
     assert outcome is not None, "a limit applies to this pod, so the ledger must judge it"
     return outcome

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import jsonpatch
 import pytest
 
-from policies import Plan, check_final, plan
+from policies import Plan, plan, require_fixed_point
 from policies.judge import QuotaVerdict
 from policies.queue import GATE_SUFFIX, Place, Waiting, add_gate, remove_gate
 from tests.builders import POLICY_YAML, pod
@@ -210,7 +210,9 @@ def test_every_pod_a_limit_applies_to_gets_the_gate_in_a_queue_namespace(
     observe(usage, *(stored_pod(limits, namespace) for limits in holding))
     snapshot = config()
     body = stored_pod(asked, namespace)
-    verdict = quota.should_gate(namespace, check_final(body, snapshot.policy), snapshot)
+    verdict = quota.should_gate(
+        namespace, require_fixed_point(plan(body, snapshot.policy)), snapshot
+    )
     if not gated:
         assert verdict is None
     else:
@@ -245,14 +247,18 @@ async def test_a_pod_that_could_never_fit_gets_no_gate_and_is_refused(
     quota = QuotaLedger(UsageIndex(), store, pods_visible=True)
     snapshot = config()
     body = stored_pod(asked, namespace)
-    verdict = quota.should_gate(namespace, check_final(body, snapshot.policy), snapshot)
+    verdict = quota.should_gate(
+        namespace, require_fixed_point(plan(body, snapshot.policy)), snapshot
+    )
     assert verdict is not None
     assert not verdict.allowed
     assert not verdict.queued
     assert verdict.message == message
     # Created gated all the same (by hand), it is refused at validation, uncharged.
     gated = stored_pod(asked, namespace, gated=True)
-    refused = await quota.admit(request(gated), check_final(gated, snapshot.policy), snapshot)
+    refused = await quota.admit(
+        request(gated), require_fixed_point(plan(gated, snapshot.policy)), snapshot
+    )
     assert refused is not None
     assert not refused.allowed
     assert refused.message == message
@@ -267,7 +273,7 @@ async def admit_gated(
 ) -> QuotaVerdict:
     snapshot = config()
     verdict = await quota.admit(
-        request(body, dry_run=dry_run), check_final(body, snapshot.policy), snapshot
+        request(body, dry_run=dry_run), require_fixed_point(plan(body, snapshot.policy)), snapshot
     )
     assert verdict is not None, "a limit applies to this pod, so the ledger must judge it"
     return verdict
@@ -449,10 +455,14 @@ async def test_an_ungated_pod_that_does_not_fit_is_refused_and_told_how_to_wait(
     loser = QuotaLedger(UsageIndex(), store, pods_visible=True)
     first = stored_pod({"gpuadm.io/a100": "1"}, namespace)
     second = stored_pod({"gpuadm.io/a100": "0.5"}, namespace)
-    won = await winner.admit(request(first), check_final(first, snapshot.policy), snapshot)
+    won = await winner.admit(
+        request(first), require_fixed_point(plan(first, snapshot.policy)), snapshot
+    )
     assert won is not None
     assert won.allowed
-    lost = await loser.admit(request(second), check_final(second, snapshot.policy), snapshot)
+    lost = await loser.admit(
+        request(second), require_fixed_point(plan(second, snapshot.policy)), snapshot
+    )
     assert lost is not None
     assert not lost.allowed
     assert lost.message == message
@@ -480,7 +490,9 @@ async def test_the_validating_judgement_follows_the_namespace_mode(
     verdicts = []
     for _ in range(2):
         body = stored_pod({"gpuadm.io/a100": "1"}, namespace)
-        verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+        verdict = await quota.admit(
+            request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+        )
         assert verdict is not None
         verdicts.append(verdict)
     assert verdicts[0].allowed
@@ -743,7 +755,7 @@ async def test_an_admission_and_a_release_racing_for_the_same_room_never_both_ge
 
 
 def plan_of(body: dict[str, Any]) -> Plan:
-    return check_final(body, config().policy)
+    return require_fixed_point(plan(body, config().policy))
 
 
 async def after(steps: int, work: Awaitable[T]) -> T:
@@ -856,7 +868,9 @@ async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_r
     # An admission is refused, asking for a retry.
     snapshot = config()
     body = stored_pod({"gpuadm.io/a100": "1"}, namespace="team-e")
-    verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+    verdict = await quota.admit(
+        request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+    )
     assert verdict is not None
     assert not verdict.allowed
     assert verdict.message == ('the quota record of namespace "team-e" is busy; retry the request')
@@ -917,7 +931,9 @@ async def test_a_pod_that_brings_the_gate_outside_queue_mode_gets_no_place_in_li
     snapshot = config(MIXED_MODES)
     for limits in ({"gpuadm.io/a100": "1"}, {"gpuadm.io/a100": "0.5"}):  # fits, then not
         body = stored_pod(limits, namespace, gated=True)
-        verdict = await quota.admit(request(body), check_final(body, snapshot.policy), snapshot)
+        verdict = await quota.admit(
+            request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+        )
         assert verdict is not None
         assert not verdict.allowed
         assert not verdict.queued
