@@ -16,9 +16,9 @@ from policies.asks import Ask, MemoryShare, Share, Whole
 from policies.class_base import ClassBase
 from policies.dra_templates import entry_name, is_entry_name, parse_template_name
 from policies.errors import Denial
+from policies.pod_shape import clipped, shown
 from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
-from policies.shapes import clipped, shown
 
 ContainerKind = Literal["initContainers", "containers"]
 # A pod in one of these phases has ended: it holds no GPU, and no claim of its counts.

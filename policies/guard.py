@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 from policies.dra_templates import parse_template_name
 from policies.errors import Denial
+from policies.pod_shape import clipped, shown
 from policies.policy import Guard, Policy, ResourceRole
-from policies.shapes import clipped, shown
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # The values with which the NVIDIA container runtime gives a container no GPU: `void` runs it

@@ -20,9 +20,9 @@ from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_
 from policies.dra_templates import ClaimTemplate, entry_name, is_entry_name
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.pod_shape import REQUIRED, check_metadata, check_pod, shown
 from policies.policy import Policy
 from policies.quantity import format_amount, parse_quantity
-from policies.shapes import REQUIRED, check_metadata, check_pod, shown
 
 Patch = list[dict[str, Any]]
 DEFAULT_SCHEDULER = "default-scheduler"

@@ -25,8 +25,8 @@ from policies import (
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
 from policies.guard import check_allocation_update
 from policies.judge import QuotaVerdict
+from policies.pod_shape import check_update_shape
 from policies.queue import add_gate, gate_name, is_gated, may_gate
-from policies.shapes import check_update_shape
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions

@@ -26,7 +26,7 @@ import orjson
 from aiohttp import web
 
 from certs import peer_certificate_verified
-from policies.shapes import shown
+from policies.pod_shape import shown
 from webhook.admission.audit_record import audit_entry
 from webhook.admission.decisions import Decision
 from webhook.observe.audit_log import AuditLog

@@ -7,10 +7,10 @@ from typing import Any
 
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.pod_shape import check_metadata
 from policies.policy import Policy
 from policies.queue import gate_name, is_gated
 from policies.rewrite import Plan
-from policies.shapes import check_metadata
 
 
 def require_fixed_point(result: Plan) -> Plan:
