@@ -8,7 +8,16 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from certs import describe, load_certified_key, renewal_due, service_dns_names, write_tls_dir
+from certs import (
+    CertifiedKey,
+    ChainError,
+    describe,
+    load_certified_key,
+    renewal_due,
+    service_dns_names,
+    verify_chain,
+    write_tls_dir,
+)
 from certs.rotation import issue
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
@@ -54,14 +63,17 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.certs_command == "generate":
         dns = [*service_dns_names(args.service, args.namespace), *args.dns]
         state = issue(dns_names=dns, ip_addresses=args.ip, now=now)
-        paths = write_tls_dir(args.out, ca=state.ca, serving=state.serving)
-        key = args.out / "ca.key"
-        key.write_bytes(state.ca.key_pem)
-        key.chmod(0o600)
+        try:
+            paths = write_tls_dir(args.out, ca=state.ca, serving=state.serving)
+            key = args.out / "ca.key"
+            key.write_bytes(state.ca.key_pem)
+            key.chmod(0o600)
+        except OSError as error:
+            raise CommandError(f"cannot write to {args.out}: {error.strerror or error}") from None
         print(f"wrote {paths.ca_file}, {key}, {paths.cert_file}, {paths.key_file}")
         return ExitCode.OK
     if args.certs_command == "show" and args.dir is not None:
-        return _show_files(args.dir, now)
+        return _show_files(args.dir, args, now)
     try:
         kube = connect(args.kubeconfig)
         if args.certs_command == "show":
@@ -78,13 +90,19 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _show_files(directory: Path, now: datetime) -> ExitCode:
-    files = {name: (directory / name).read_bytes() for name in ("tls.crt", "tls.key")}
-    for name in ("ca.crt", "ca.key"):
-        if (directory / name).exists():
-            files[name] = (directory / name).read_bytes()
-    _print_material(files, now)
-    return ExitCode.OK
+def _show_files(directory: Path, args: argparse.Namespace, now: datetime) -> ExitCode:
+    files: dict[str, bytes] = {}
+    for name in ("tls.crt", "tls.key", "ca.crt", "ca.key"):
+        path = directory / name
+        try:
+            files[name] = path.read_bytes()
+        except FileNotFoundError:
+            if name in ("tls.crt", "tls.key"):
+                raise CommandError(f"cannot read {path}: no such file") from None
+        except OSError as error:
+            raise CommandError(f"cannot read {path}: {error.strerror or error}") from None
+    problems = _check_material(files, _host(args), now)
+    return _verdict(problems)
 
 
 def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCode:
@@ -92,28 +110,80 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCo
     if secret is None:
         print(f"no Secret {args.namespace}/{args.tls_secret}; run `gpuadm certs install`")
         return ExitCode.REFUSED
-    _print_material(secret_data(secret), now)
+    data = secret_data(secret)
+    problems = _check_material(data, _host(args), now)
     for kind in WEBHOOK_KINDS:
         configuration = kube.get_webhook_configuration(kind, args.webhook_configuration)
         if configuration is None:
-            print(f"{kind} webhook configuration {args.webhook_configuration}: not found")
+            problems.append(f"{kind} webhook configuration {args.webhook_configuration}: not found")
             continue
         for webhook in configuration.get("webhooks") or []:
-            bundle = base64.b64decode((webhook.get("clientConfig") or {}).get("caBundle") or "")
-            print(
-                f"{kind} webhook {webhook['name']}: caBundle holds "
-                f"{bundle.count(b'BEGIN CERTIFICATE')} CA certificate(s)"
-            )
+            encoded = (webhook.get("clientConfig") or {}).get("caBundle") or ""
+            try:
+                bundle = base64.b64decode(encoded, validate=True)
+            except ValueError:
+                bundle = b""
+            count = bundle.count(b"BEGIN CERTIFICATE")
+            print(f"{kind} webhook {webhook['name']}: caBundle holds {count} CA certificate(s)")
+            if "tls.crt" in data:
+                problem = _chain_problem(data["tls.crt"], bundle, _host(args), now)
+                if problem:
+                    problems.append(f"{kind} webhook {webhook['name']}: its caBundle {problem}")
+    return _verdict(problems)
+
+
+def _host(args: argparse.Namespace) -> str:
+    """The name the apiserver calls gpuadm by: the Service's, in gpuadm's namespace."""
+    return f"{args.service}.{args.namespace}.svc"
+
+
+def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[str]:
+    """Print the serving certificate and the CA; return what is wrong with them: a key that
+    is not the certificate's, a serving certificate the CA did not sign or that does not
+    name `host`, an expired certificate."""
+    problems = []
+    for label, cert, key in (("serving", "tls.crt", "tls.key"), ("CA", "ca.crt", "ca.key")):
+        if cert not in data:
+            if label == "CA":
+                problems.append("no CA certificate (ca.crt): nothing to check the chain against")
+            continue
+        try:
+            if key in data:
+                material = load_certified_key(data[cert], data[key])
+            else:
+                material = CertifiedKey(cert_pem=data[cert], key_pem=b"")
+            shown = describe(material)
+        except ValueError as error:  # KeyMismatchError too
+            problems.append(f"{label}: {cert} and {key}: {error}")
+            continue
+        if material.not_after <= now:
+            problems.append(f"{label}: expired at {material.not_after.isoformat()}")
+        print(f"{label}: {shown}{_due(data[cert], now)}")
+    if "tls.crt" in data and "ca.crt" in data:
+        problem = _chain_problem(data["tls.crt"], data["ca.crt"], host, now)
+        if problem:
+            problems.append(f"ca.crt {problem}")
+    return problems
+
+
+def _chain_problem(serving: bytes, bundle: bytes, host: str, now: datetime) -> str:
+    """Say why a client trusting `bundle` would refuse `serving` for `host`, or ""."""
+    if not bundle:
+        return "is empty: the apiserver trusts no certificate of gpuadm's"
+    try:
+        verify_chain(serving, bundle, hostname_or_ip=host, now=now)
+    except ChainError as error:
+        return f"does not vouch for the serving certificate: {error}"
+    return ""
+
+
+def _verdict(problems: list[str]) -> ExitCode:
+    for problem in problems:
+        print(f"problem: {problem}")
+    if problems:
+        return ExitCode.REFUSED
+    print("ok: the key pairs match, the CA signed the serving certificate, none has expired")
     return ExitCode.OK
-
-
-def _print_material(data: dict[str, bytes], now: datetime) -> None:
-    """Print the serving certificate and, where its key is there too, the CA."""
-    serving = load_certified_key(data["tls.crt"], data["tls.key"])
-    print(f"serving: {describe(serving)}{_due(serving.cert_pem, now)}")
-    if "ca.crt" in data and "ca.key" in data:
-        ca = load_certified_key(data["ca.crt"], data["ca.key"])
-        print(f"CA: {describe(ca)}{_due(ca.cert_pem, now)}")
 
 
 def _due(cert_pem: bytes, now: datetime) -> str:

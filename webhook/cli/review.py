@@ -85,6 +85,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     metadata = pod.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise CommandError(f"{args.pod}: metadata is not a mapping")
+    # The apiserver gives every object its metadata before any webhook sees it.
+    pod["metadata"] = metadata
     namespace = str(args.namespace or metadata.get("namespace") or "default")
     result = asyncio.run(simulate_admission(pod, namespace, config))
     if args.output == "json":

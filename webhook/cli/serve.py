@@ -148,6 +148,13 @@ def run(args: argparse.Namespace) -> ExitCode:
     )
     _use_fast_loop()
     audit = AuditLog(args.audit_log, max_bytes=args.audit_max_bytes, backups=args.audit_backups)
+    for flag, path in (
+        ("--cert-file", cert_file),
+        ("--key-file", key_file),
+        ("--client-ca-file", args.client_ca_file),
+    ):
+        if path is not None and not Path(path).is_file():
+            raise CommandError(f"cannot read {flag} {path}: no such file")
     try:
         ssl_context = server_ssl_context(cert_file, key_file, client_ca_file=args.client_ca_file)
     except (OSError, ssl.SSLError) as error:

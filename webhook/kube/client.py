@@ -16,6 +16,7 @@ from typing import Any
 import kubernetes.client
 import kubernetes.config
 import orjson
+import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -244,8 +245,8 @@ class Kube:
             response = call(*args, _preload_content=False, **kwargs)
         except ApiException as error:
             raise KubeError(error.status or 0, _reason(error)) from None
-        except OSError as error:  # connection refused, reset, TLS failure
-            raise KubeError(0, str(error)) from None
+        except (OSError, urllib3.exceptions.HTTPError) as error:  # refused, reset, TLS failure
+            raise KubeError(0, _unreachable(error)) from None
         data: dict[str, Any] = orjson.loads(response.data)
         return data
 
@@ -255,14 +256,30 @@ class Kube:
             response = call(*args, watch=True, _preload_content=False, **kwargs)
         except ApiException as error:
             raise KubeError(error.status or 0, _reason(error)) from None
-        except OSError as error:
-            raise KubeError(0, str(error)) from None
+        except (OSError, urllib3.exceptions.HTTPError) as error:
+            raise KubeError(0, _unreachable(error)) from None
         try:
             for line in iter_resp_lines(response):
                 if line:
                     yield orjson.loads(line)
         finally:
             response.release_conn()
+
+
+def _unreachable(error: Exception) -> str:
+    """Say why the apiserver could not be reached, without urllib3's retry bookkeeping."""
+    if isinstance(error, urllib3.exceptions.MaxRetryError):
+        pool = error.pool
+        where = f"{pool.scheme}://{pool.host}:{pool.port}" if pool is not None else "apiserver"
+        cause = error.reason
+        detail = str(cause)
+        errno = getattr(cause, "__context__", None)
+        if isinstance(errno, OSError) and errno.strerror:
+            detail = errno.strerror
+        elif "Errno" in detail and "]" in detail:
+            detail = detail.rsplit("]", 1)[1].strip(" ')\"")
+        return f"cannot reach the apiserver at {where}: {detail}"
+    return f"cannot reach the apiserver: {error}"
 
 
 def _reason(error: ApiException) -> str:
