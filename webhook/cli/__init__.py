@@ -32,14 +32,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args))
     except CommandError as error:
         return int(report(error))
+    except BrokenPipeError:
+        # The reader went away (`gpuadm review ... | head`): nothing left to say to it, and
+        # Python must not complain at exit while flushing the closed pipe either.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return int(ExitCode.FAILED)
     except OSError as error:
         # The system refused what the command needed (a file, a directory, a socket): a
         # reason for the admin, never a traceback. Each command names its own files where
         # it can; this is what is left.
         where = f" ({error.filename})" if error.filename else ""
         return int(report(CommandError(f"{error.strerror or error}{where}")))
-    except BrokenPipeError:
-        # The reader went away (`gpuadm review ... | head`): nothing left to say to it, and
-        # Python must not complain at exit while flushing the closed pipe either.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return int(ExitCode.FAILED)

@@ -8,12 +8,16 @@ import json
 import sys
 import uuid
 from collections.abc import Callable
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import jsonpatch
 import yaml
 
+from policies import Denial, pod_charge
+from policies.quantity import QuantityError, format_amount, parse_quantity
+from policies.suggest import suggestion
 from webhook.admission.decisions import Trusted, mutate_under, validate_under
 from webhook.claims.lookup import NoClaims
 from webhook.claims.templates import LABELS, NoTemplates
@@ -56,52 +60,182 @@ for _tag, _construct in (
     ManifestLoader.add_constructor(_tag, _number_unless_base_60(_construct))
 
 
+# Where each workload kind keeps the template of its pods.
+TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
+    "Deployment": ("spec", "template"),
+    "StatefulSet": ("spec", "template"),
+    "ReplicaSet": ("spec", "template"),
+    "DaemonSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
+    "Job": ("spec", "template"),
+    "CronJob": ("spec", "jobTemplate", "spec", "template"),
+    "PodTemplate": ("template",),
+}
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpuadm review` to the command line."""
-    review = sub.add_parser("review", help="show offline what gpuadm would do to a pod")
-    review.add_argument("pod", type=Path, help="a Pod manifest (YAML or JSON); - for stdin")
+    review = sub.add_parser(
+        "review",
+        help="show offline what gpuadm would do to a pod, or to the pods of a workload",
+        description="Run each Pod, or each pod template of a Deployment, StatefulSet, "
+        "ReplicaSet, DaemonSet, Job or CronJob, through gpuadm's admission as the apiserver "
+        "would. A file may hold several documents and Lists. Exit 0 if every pod would be "
+        "admitted, 1 if one would be denied.",
+    )
+    review.add_argument("pod", type=Path, help="a manifest (YAML or JSON); - for stdin")
     flags.add_config_files(review, required=True)
-    review.add_argument("--namespace", "-n", help="namespace to judge the pod in")
-    review.add_argument("--output", "-o", choices=["text", "json"], default="text")
+    review.add_argument(
+        "--namespace", "-n", help="namespace to judge the pods in (default: the manifest's)"
+    )
+    review.add_argument(
+        "--in-use",
+        action="append",
+        default=[],
+        metavar="CLASS=GPUS",
+        help="GPUs of a class the namespace already holds, to see whether the pod fits next "
+        "to them (e.g. --in-use a100=3,t4=0.5; repeatable)",
+    )
+    review.add_argument("--output", "-o", choices=["text", "json", "yaml"], default="text")
     review.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    """Print what gpuadm would do to a pod: verdict, warnings, patch and the mutated pod."""
+    """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod."""
     config = load_config(args.policy, args.quotas)
+    in_use = _in_use(args.in_use, config)
     try:
         text = sys.stdin.read() if str(args.pod) == "-" else args.pod.read_text()
-        pod = yaml.load(text, Loader=ManifestLoader)
-    except (OSError, yaml.YAMLError) as error:
-        raise CommandError(f"cannot read pod {args.pod}: {error}") from None
-    if not isinstance(pod, dict) or pod.get("kind", "Pod") != "Pod":
-        raise CommandError(f"{args.pod} is not a Pod manifest")
+        documents = [d for d in yaml.load_all(text, Loader=ManifestLoader) if d is not None]
+    except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
+        reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise CommandError(f"cannot read pod {args.pod}: {reason}") from None
+    pods = [found for document in documents for found in _pods_of(document, args.pod)]
+    if not pods:
+        raise CommandError(f"{args.pod} is not a Pod manifest, and holds no pod template")
+    results = []
+    for label, pod, namespace in pods:
+        namespace = str(args.namespace or namespace or "default")
+        # The apiserver stores a pod in the namespace it is created in.
+        pod["metadata"]["namespace"] = namespace
+        result = asyncio.run(simulate_admission(pod, namespace, config, in_use=in_use))
+        results.append({"object": label, **result} if len(pods) > 1 else result)
+    if args.output == "json":
+        print(json.dumps(results[0] if len(results) == 1 else {"items": results}, indent=2))
+    elif args.output == "yaml":
+        shown = results[0] if len(results) == 1 else {"items": results}
+        print(yaml.safe_dump(shown, sort_keys=False).rstrip())
+    else:
+        for result in results:
+            if len(results) > 1:
+                print(f"--- {result['object']}")
+            _print(result)
+    return ExitCode.OK if all(r["allowed"] for r in results) else ExitCode.REFUSED
+
+
+def _pods_of(document: Any, path: Path) -> list[tuple[str, dict[str, Any], str | None]]:
+    """Return (label, pod, namespace) for each pod a document stands for: a Pod, the pod
+    template of a workload, or each item of a List."""
+    if not isinstance(document, dict):
+        raise CommandError(f"{path} is not a Pod manifest")
+    kind = document.get("kind", "Pod")
+    if isinstance(document.get("items"), list) and str(kind).endswith("List"):
+        return [found for item in document["items"] for found in _pods_of(item, path)]
+    metadata = document.get("metadata") or {}
+    if not isinstance(metadata, dict):
+        raise CommandError(f"{path}: metadata is not a mapping")
+    name = metadata.get("name") or metadata.get("generateName") or ""
+    namespace = metadata.get("namespace")
+    if kind == "Pod":
+        pod = _as_json(document, path)
+        label = f"Pod/{name}"
+    elif kind in TEMPLATE_PATHS:
+        template: Any = document
+        for key in TEMPLATE_PATHS[kind]:
+            template = template.get(key) if isinstance(template, dict) else None
+        if not isinstance(template, dict):
+            raise CommandError(f"{path}: {kind}/{name} has no pod template")
+        template_metadata = template.get("metadata") or {}
+        if not isinstance(template_metadata, dict):
+            raise CommandError(f"{path}: {kind}/{name}: the template's metadata is not a mapping")
+        # The pod its controller creates: the template's metadata and spec, named after it.
+        pod = _as_json(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"generateName": f"{name}-", **template_metadata},
+                "spec": template.get("spec"),
+            },
+            path,
+        )
+        label = f"{kind}/{name}"
+    else:
+        return []  # a Service, a ConfigMap...: nothing gpuadm admits
+    pod_metadata = pod.get("metadata") or {}
+    if not isinstance(pod_metadata, dict):
+        raise CommandError(f"{path}: metadata is not a mapping")
+    # The apiserver gives every object its metadata before any webhook sees it.
+    pod["metadata"] = pod_metadata
+    return [(label, pod, namespace if isinstance(namespace, str) else None)]
+
+
+def _as_json(document: dict[str, Any], path: Path) -> dict[str, Any]:
     try:
         # As kubectl sends it: keys as text (a key 1 is "1"), and no value JSON has no form
         # for (an explicit tag such as !!binary or !!set, .nan, .inf).
-        pod = json.loads(json.dumps(pod, allow_nan=False))
+        pod: dict[str, Any] = json.loads(json.dumps(document, allow_nan=False))
     except (TypeError, ValueError) as error:
-        raise CommandError(f"{args.pod} holds a value JSON cannot carry: {error}") from None
-    metadata = pod.get("metadata") or {}
-    if not isinstance(metadata, dict):
-        raise CommandError(f"{args.pod}: metadata is not a mapping")
-    # The apiserver gives every object its metadata before any webhook sees it.
-    pod["metadata"] = metadata
-    namespace = str(args.namespace or metadata.get("namespace") or "default")
-    result = asyncio.run(simulate_admission(pod, namespace, config))
-    if args.output == "json":
-        print(json.dumps(result, indent=2))
-    else:
-        _print(result)
-    return ExitCode.OK if result["allowed"] else ExitCode.REFUSED
+        raise CommandError(f"{path} holds a value JSON cannot carry: {error}") from None
+    return pod
+
+
+def _in_use(values: list[str], config: ConfigSnapshot) -> dict[str, Fraction]:
+    """Parse --in-use CLASS=GPUS[,CLASS=GPUS...] against the policy's classes."""
+    in_use: dict[str, Fraction] = {}
+    for item in (part.strip() for value in values for part in value.split(",")):
+        if not item:
+            continue
+        class_name, _, amount = item.partition("=")
+        if class_name not in config.policy.classes:
+            known = ", ".join(config.policy.classes)
+            raise CommandError(
+                f"--in-use {item}: no class {class_name!r} in the policy "
+                f"(classes: {known}){suggestion(class_name, config.policy.classes)}"
+            )
+        try:
+            gpus = parse_quantity(amount)
+        except QuantityError as error:
+            raise CommandError(f"--in-use {item}: {error}") from None
+        if gpus < 0:
+            raise CommandError(f"--in-use {item}: a number of GPUs is 0 or more")
+        in_use[class_name] = in_use.get(class_name, Fraction(0)) + gpus
+    return in_use
 
 
 async def simulate_admission(
-    pod: dict[str, Any], namespace: str, config: ConfigSnapshot
+    pod: dict[str, Any],
+    namespace: str,
+    config: ConfigSnapshot,
+    *,
+    in_use: dict[str, Fraction] | None = None,
 ) -> dict[str, Any]:
     """Run the pod through /mutate then /validate, as the apiserver would."""
-    # A fresh ledger: the pod is judged against the quota as if the namespace held nothing.
-    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
+    # A fresh ledger: the namespace holds what --in-use says, as pods the usage index sees.
+    usage = UsageIndex()
+    for class_name, gpus in (in_use or {}).items():
+        # As pods would hold them: whole GPUs in one, a share of one in another.
+        for index, part in enumerate((Fraction(int(gpus)), gpus - int(gpus))):
+            if part:
+                holder = _holder(namespace, class_name, part, config.policy.domain, index)
+                try:
+                    pod_charge(holder, config.policy, namespace_default_class=None)
+                except Denial as denial:
+                    raise CommandError(
+                        f"--in-use {class_name}={format_amount(gpus)}: no pod can hold that: "
+                        f"{denial.message}"
+                    ) from None
+                usage.observe(holder, config.policy, config.quotas, now=0.0)
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False)
     # A review is a dry run: nothing is made, and the templates are shown instead.
     mutated = await mutate_under(
         _request(pod, namespace), config, templates=NoTemplates(), quota=ledger
@@ -130,6 +264,26 @@ async def simulate_admission(
         claimTemplates=[t.manifest(namespace, labels=LABELS) for t in templates],
     )
     return result
+
+
+def _holder(
+    namespace: str, class_name: str, gpus: Fraction, domain: str, index: int
+) -> dict[str, Any]:
+    """A running pod that holds `gpus` GPUs of a class, as the usage index would see it."""
+    name = f"in-use-{class_name}-{index}"
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": name},
+        "spec": {
+            "nodeName": "node",
+            "containers": [
+                {
+                    "name": "main",
+                    "resources": {"limits": {f"{domain}/{class_name}": format_amount(gpus)}},
+                }
+            ],
+        },
+        "status": {"phase": "Running"},
+    }
 
 
 def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:

@@ -95,7 +95,8 @@ def test_review_of_an_invalid_pod_exits_1_with_the_reason(
 @pytest.mark.parametrize(
     ("manifest", "error"),
     [
-        pytest.param("kind: Deployment\n", "is not a Pod manifest", id="not-a-pod"),
+        pytest.param("kind: Service\n", "is not a Pod manifest", id="not-a-pod"),
+        pytest.param("kind: Deployment\n", "Deployment/ has no pod template", id="no-template"),
         pytest.param(
             "kind: Pod\nmetadata: [a, b]\nspec: {containers: []}\n",
             "metadata is not a mapping",
