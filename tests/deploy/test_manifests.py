@@ -477,7 +477,7 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
 
     (container,) = pod["containers"]
     assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.1.0"
-    serve = ["gpuadm", "serve", "--namespace", "$(POD_NAMESPACE)"]
+    serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)"]
     mounted = ["--cert-file", "/etc/gpuadm/tls/tls.crt", "--key-file", "/etc/gpuadm/tls/tls.key"]
     managed = ["--manage-tls", "--tls-dir", "/tmp/tls"]
     mounting = rendered.name in MOUNTING_THE_SECRET

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -11,11 +12,12 @@ from webhook.cli import certificates, check_config, quota, review, serve
 from webhook.cli.exits import CommandError, ExitCode, report
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "gpuadm") -> argparse.ArgumentParser:
     """Return the parser of every subcommand; each sets `run`, the function that does it."""
     parser = argparse.ArgumentParser(
-        prog="gpuadm", description="GPU admission controller for Kubernetes."
+        prog=prog, description="GPU admission controller for Kubernetes."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(sub)
     review.add_parser(sub)
@@ -25,9 +27,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpuadm")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
+
+
+def plugin() -> int:
+    """`kubectl gpuadm ...`: the same command line under kubectl's name (a kubectl plugin is
+    any `kubectl-<name>` on the PATH)."""
+    return main(prog="kubectl gpuadm")
+
+
+def main(argv: Sequence[str] | None = None, *, prog: str = "gpuadm") -> int:
     """Run the command line; return the process exit code (see `webhook.cli.exits`)."""
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     try:
         return int(args.run(args))
     except CommandError as error:

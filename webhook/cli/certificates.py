@@ -49,10 +49,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def target_of(args: argparse.Namespace) -> TLSTarget:
     """Return what the keeper manages, from the command line (`certs ...` or `serve`)."""
     return TLSTarget(
-        namespace=args.namespace,
+        namespace=args.gpuadm_namespace,
         secret=args.tls_secret,
         webhook_configuration=args.webhook_configuration,
-        dns_names=[*service_dns_names(args.service, args.namespace), *args.dns],
+        dns_names=[*service_dns_names(args.service, args.gpuadm_namespace), *args.dns],
         ip_addresses=args.ip,
     )
 
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     """Run one `gpuadm certs` action; return the exit code."""
     now = datetime.now(UTC)
     if args.certs_command == "generate":
-        dns = [*service_dns_names(args.service, args.namespace), *args.dns]
+        dns = [*service_dns_names(args.service, args.gpuadm_namespace), *args.dns]
         state = issue(dns_names=dns, ip_addresses=args.ip, now=now)
         try:
             paths = write_tls_dir(args.out, ca=state.ca, serving=state.serving)
@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.certs_command == "show" and args.dir is not None:
         return _show_files(args.dir, args, now)
     try:
-        kube = connect(args.kubeconfig)
+        kube = connect(args.kubeconfig, context=args.context)
         if args.certs_command == "show":
             return _show_cluster(kube, args, now)
         scratch = Path(tempfile.mkdtemp(prefix="gpuadm-certs-"))
@@ -84,7 +84,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     except KubeError as error:
         raise CommandError(str(error)) from None
     assert keeper.state is not None
-    print(f"Secret {args.namespace}/{args.tls_secret}: serving {describe(keeper.state.serving)}")
+    secret = f"{args.gpuadm_namespace}/{args.tls_secret}"
+    print(f"Secret {secret}: serving {describe(keeper.state.serving)}")
     print(f"CA: {describe(keeper.state.ca)}")
     print(f"caBundle of {args.webhook_configuration} (mutating and validating) trusts it")
     return ExitCode.OK
@@ -106,9 +107,9 @@ def _show_files(directory: Path, args: argparse.Namespace, now: datetime) -> Exi
 
 
 def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCode:
-    secret = kube.get_secret(args.namespace, args.tls_secret)
+    secret = kube.get_secret(args.gpuadm_namespace, args.tls_secret)
     if secret is None:
-        print(f"no Secret {args.namespace}/{args.tls_secret}; run `gpuadm certs install`")
+        print(f"no Secret {args.gpuadm_namespace}/{args.tls_secret}; run `gpuadm certs install`")
         return ExitCode.REFUSED
     data = secret_data(secret)
     problems = _check_material(data, _host(args), now)
@@ -134,7 +135,7 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCo
 
 def _host(args: argparse.Namespace) -> str:
     """The name the apiserver calls gpuadm by: the Service's, in gpuadm's namespace."""
-    return f"{args.service}.{args.namespace}.svc"
+    return f"{args.service}.{args.gpuadm_namespace}.svc"
 
 
 def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 DEFAULT_NAMESPACE = "gpuadm-system"
@@ -17,22 +18,56 @@ def add_config_files(parser: argparse.ArgumentParser, *, required: bool) -> None
 
 
 def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
-    """Add --kubeconfig."""
+    """Add --kubeconfig and --context, as kubectl reads them."""
     parser.add_argument(
         "--kubeconfig",
         help="kubeconfig to reach the cluster (default: in-cluster service account, "
-        "else $KUBECONFIG or ~/.kube/config)",
+        "else $KUBECONFIG, a list of files as kubectl reads it, or ~/.kube/config)",
     )
+    parser.add_argument(
+        "--context", help="the kubeconfig context to use (default: its current-context)"
+    )
+
+
+def add_gpuadm_namespace(parser: argparse.ArgumentParser) -> None:
+    """Add --gpuadm-namespace, gpuadm's own namespace. `-n` is always a tenant's namespace;
+    the old spelling `--namespace` of commands that have no tenant still works, and warns."""
+    default = os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE)
+    parser.add_argument(
+        "--gpuadm-namespace",
+        default=default,
+        help="gpuadm's namespace, where its ConfigMaps, usage records and TLS Secret live "
+        f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
+    )
+    parser.add_argument(
+        "--namespace",
+        dest="gpuadm_namespace",
+        action=_Deprecated,
+        help=argparse.SUPPRESS,
+    )
+
+
+class _Deprecated(argparse.Action):
+    """An old flag spelling: it sets the same value, and says which to use instead."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(
+            f"gpuadm: warning: {option_string} is deprecated here: gpuadm's own namespace is "
+            "--gpuadm-namespace (-n and --namespace name a tenant's namespace)",
+            file=sys.stderr,
+        )
+        setattr(namespace, self.dest, values)
 
 
 def add_serving_names(parser: argparse.ArgumentParser) -> None:
     """Add the flags that say where gpuadm serves, and so what its certificate names."""
-    parser.add_argument(
-        "--namespace",
-        default=os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE),
-        help="gpuadm's namespace, where its ConfigMaps, usage records and TLS Secret live "
-        f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
-    )
+    add_gpuadm_namespace(parser)
     parser.add_argument(
         "--service", default="gpuadm", help="the Service in front of gpuadm (default gpuadm)"
     )

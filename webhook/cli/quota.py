@@ -9,6 +9,8 @@ import os
 import time
 from typing import Any
 
+import yaml
+
 from policies import ConfigError
 from policies.queue import Waiting
 from webhook.cli import flags
@@ -41,11 +43,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="show this namespace only (default: every namespace the quotas list, or that "
         "holds, reserves or waits for GPUs)",
     )
-    quota.add_argument("-o", "--output", choices=["table", "json"], default="table")
+    quota.add_argument(
+        "-o",
+        "--output",
+        choices=["table", "wide", "json", "yaml"],
+        default="table",
+        help="table (default; wide is the same table, which already has every column), "
+        "json or yaml",
+    )
+    quota.add_argument("--no-headers", action="store_true", help="print the table's rows only")
     quota.add_argument(
         "--gpuadm-namespace",
         default=os.environ.get("POD_NAMESPACE", flags.DEFAULT_NAMESPACE),
-        help="where gpuadm's ConfigMaps and usage records live "
+        help="gpuadm's namespace, where its ConfigMaps and usage records live "
         f"(default: $POD_NAMESPACE, else {flags.DEFAULT_NAMESPACE})",
     )
     flags.add_kubeconfig(quota)
@@ -55,14 +65,16 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def run(args: argparse.Namespace) -> ExitCode:
     """Print the reports."""
     try:
-        kube = connect(args.kubeconfig)
+        kube = connect(args.kubeconfig, context=args.context)
         reports = cluster_reports(kube, args.gpuadm_namespace, only=args.tenant)
     except KubeError as error:
         raise CommandError(f"cannot read the cluster: {error}") from None
     if args.output == "json":
         print(json.dumps({"items": [r.to_json() for r in reports]}, indent=2))
+    elif args.output == "yaml":
+        print(yaml.safe_dump({"items": [r.to_json() for r in reports]}, sort_keys=False).rstrip())
     else:
-        print(table(reports))
+        print(table(reports, headers=not args.no_headers))
     return ExitCode.OK
 
 
@@ -148,7 +160,7 @@ def _config(kube: Kube, namespace: str) -> ConfigSnapshot:
         ) from None
 
 
-def table(reports: list[ClassReport]) -> str:
+def table(reports: list[ClassReport], *, headers: bool = True) -> str:
     """Lay the reports out as kubectl does: a header, then a row per namespace and class."""
     header = ("NAMESPACE", "CLASS", "MODE", "LIMIT", "IN USE", "RESERVED", "WAITING", "PODS")
     rows = [header]
@@ -170,7 +182,9 @@ def table(reports: list[ClassReport]) -> str:
             )
         )
     if len(rows) == 1:
-        return "No GPU quotas, and no namespace holds or waits for GPUs."
+        return "No GPU quotas, and no namespace holds or waits for GPUs." if headers else ""
+    if not headers:
+        rows = rows[1:]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
     return "\n".join(
         "   ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]])

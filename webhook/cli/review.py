@@ -96,7 +96,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="GPUs of a class the namespace already holds, to see whether the pod fits next "
         "to them (e.g. --in-use a100=3,t4=0.5; repeatable)",
     )
-    review.add_argument("--output", "-o", choices=["text", "json", "yaml"], default="text")
+    review.add_argument(
+        "--output",
+        "-o",
+        choices=["text", "wide", "json", "yaml"],
+        default="text",
+        help="text (default; wide is the same, which already shows the whole pod), json or yaml",
+    )
     review.set_defaults(run=run)
 
 

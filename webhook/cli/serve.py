@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.manage_tls and (args.policy or cert_file):
         raise CommandError("--manage-tls is for a cluster: give neither --policy nor --cert-file")
     try:
-        kube = None if args.policy else connect(args.kubeconfig)
+        kube = None if args.policy else connect(args.kubeconfig, context=args.context)
     except KubeError as error:
         raise CommandError(
             f"{error} (give --policy FILE to run standalone, without a cluster)"
@@ -140,8 +140,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         client_ca_file=args.client_ca_file,
         policy_file=args.policy,
         quotas_file=args.quotas,
-        namespace=args.namespace,
-        trusted_user=args.trusted_user or f"system:serviceaccount:{args.namespace}:gpuadm",
+        namespace=args.gpuadm_namespace,
+        trusted_user=args.trusted_user or f"system:serviceaccount:{args.gpuadm_namespace}:gpuadm",
         claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
         lease_seconds=args.lease_seconds,
         identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",

@@ -57,11 +57,14 @@ class Page:
     next_token: str | None
 
 
-def connect(kubeconfig: str | None) -> Kube:
-    """Connect with a kubeconfig file, or in-cluster with the pod's service account."""
+def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:
+    """Connect with a kubeconfig file (and a context of it), or in-cluster with the pod's
+    service account."""
     try:
-        if kubeconfig or not os.environ.get("KUBERNETES_SERVICE_HOST"):
-            client = kubernetes.config.new_client_from_config(config_file=kubeconfig)
+        if kubeconfig or context or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+            client = kubernetes.config.new_client_from_config(
+                config_file=kubeconfig, context=context
+            )
         else:
             kubernetes.config.load_incluster_config()
             client = kubernetes.client.ApiClient()
