@@ -19,6 +19,8 @@ from policies.models import ClassModel
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 MEMORY_SUFFIX = "-memory"
+# The quota gate's name under the policy's domain: `gpuadm.io/quota` (queue mode).
+GATE_SUFFIX = "quota"
 # The name every chart and operator writes; translated into the class's backend (SPEC form 3).
 STANDARD_GPU = "nvidia.com/gpu"
 # Resource names come from users, so the table that remembers how each was classified stops
@@ -244,15 +246,20 @@ class Policy(Model):
         """Return the device-choice annotations the class's pods get (e.g. use-gputype)."""
         return self._lookup.gputypes.get(class_name, {})
 
-    @property
+    @cached_property
     def class_annotation(self) -> str:
         """Return the key of the class annotation and label, `D/class`."""
         return f"{self.domain}/class"
 
-    @property
+    @cached_property
     def demand_annotation(self) -> str:
         """Return the key of the demand annotation, `D/demand`."""
         return f"{self.domain}/demand"
+
+    @cached_property
+    def quota_gate(self) -> str:
+        """Return the scheduling gate that holds a pod in line (queue mode), `D/quota`."""
+        return f"{self.domain}/{GATE_SUFFIX}"
 
 
 def _gputype_table(classes: Mapping[str, ClassBase]) -> dict[str, dict[str, str]]:

@@ -22,13 +22,10 @@ from policies.policy import Policy
 from policies.quantity import format_amount
 from policies.quotas import ALL_CLASSES, limits_on
 
-# The gate's name under the policy's domain: `gpuadm.io/quota`.
-GATE_SUFFIX = "quota"
-
 
 def gate_name(policy: Policy) -> str:
-    """Return the scheduling gate that holds a pod in line."""
-    return f"{policy.domain}/{GATE_SUFFIX}"
+    """Return the scheduling gate that holds a pod in line (`Policy.quota_gate`)."""
+    return policy.quota_gate
 
 
 def _gates(pod: Mapping[str, Any]) -> list[Any]:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Annotated, Any, Literal
+from functools import cached_property
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
 from pydantic_core import PydanticCustomError
@@ -65,6 +66,14 @@ def _check_limit_keys(limits: Mapping[str, object], *, under: tuple[str, ...] = 
             )
 
 
+class Terms(NamedTuple):
+    """What governs one namespace: its limits, its mode and its default class."""
+
+    limits: Mapping[str, Fraction]
+    mode: Mode
+    default_class: str | None
+
+
 class NamespaceQuota(Model):
     """One namespace's entry: its default class, its mode, and a limit per class (and `*`)."""
 
@@ -97,20 +106,37 @@ class QuotaConfig(Model):
             _check_limit_keys(data["default"], under=("default",))
         return data
 
+    def terms(self, namespace: str) -> Terms:
+        """Return what governs a namespace: its own entry, the rest from the file's."""
+        return self._terms.get(namespace, self._default_terms)
+
     def limits_for(self, namespace: str) -> Mapping[str, Fraction]:
         """Return a namespace's limits: its own entry, or `default` when it has none."""
-        entry = self.namespaces.get(namespace)
-        return entry.limits if entry is not None else self.default
+        return self.terms(namespace).limits
 
     def mode_for(self, namespace: str) -> Mode:
         """Return the namespace's mode: its own, or the file's."""
-        entry = self.namespaces.get(namespace)
-        return entry.mode if entry is not None and entry.mode is not None else self.mode
+        return self.terms(namespace).mode
 
     def default_class_for(self, namespace: str) -> str | None:
         """Return the namespace's default class, if its entry names one."""
-        entry = self.namespaces.get(namespace)
-        return entry.default_class if entry is not None else None
+        return self.terms(namespace).default_class
+
+    @cached_property
+    def _default_terms(self) -> Terms:
+        return Terms(self.default, self.mode, None)
+
+    @cached_property
+    def _terms(self) -> dict[str, Terms]:
+        """Work out, once, the terms of every namespace with an entry of its own."""
+        return {
+            namespace: Terms(
+                entry.limits,
+                entry.mode if entry.mode is not None else self.mode,
+                entry.default_class,
+            )
+            for namespace, entry in self.namespaces.items()
+        }
 
     def unknown_classes(self, policy: Policy) -> list[str]:
         """List every class this config names that the policy does not define."""

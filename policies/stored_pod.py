@@ -9,7 +9,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import check_metadata
 from policies.policy import Policy
-from policies.queue import gate_name, is_gated
+from policies.queue import is_gated
 from policies.rewrite import Plan
 
 
@@ -54,7 +54,7 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
             f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "
             "and demand and choose its GPU model, and cannot change after creation"
         )
-    gate = gate_name(policy)
+    gate = policy.quota_gate
     if is_gated(old, gate) and not is_gated(new, gate):
         raise Denial(
             f"the scheduling gate {gate} may be removed by gpuadm only: it holds the pod in "

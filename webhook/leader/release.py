@@ -31,7 +31,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from policies.queue import Waiting, gate_name, remove_gate
+from policies.queue import Waiting, remove_gate
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
@@ -156,7 +156,7 @@ class Releaser:
             log.warning("cannot charge the waiting pods of namespace %s: %s", namespace, error)
             self.wake(namespace)
             return
-        gate = gate_name(snapshot.policy)
+        gate = snapshot.policy.quota_gate
         for pod in to_release:
             await self._ungate(pod, gate)
         if turn.more:

@@ -28,8 +28,8 @@ from fractions import Fraction
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
-from policies.queue import gate_name, is_gated, may_gate
-from policies.quotas import limits_on
+from policies.queue import is_gated, may_gate
+from policies.quotas import Terms, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.book import RecordBusy, ReservationBook
@@ -52,7 +52,8 @@ class _Pending:
     request: AdmissionRequest
     plan: Plan
     config: ConfigSnapshot
-    limits: Mapping[str, Fraction]
+    # The namespace's limits and mode, looked up once for the admission.
+    terms: Terms
     # Created behind gpuadm's gate: charged now if it is first in line and fits, else left
     # waiting in line, uncharged.
     gated: bool
@@ -89,12 +90,12 @@ class AdmissionJudge:
     ) -> QuotaVerdict | None:
         """Judge the pod; reserve its charge unless this is a dry run or nothing limits it."""
         namespace = request.namespace
-        limits = config.quotas.limits_for(namespace)
         if plan.class_name is None:
             return None
-        gate = gate_name(config.policy)
+        terms = config.quotas.terms(namespace)
+        limits, mode = terms.limits, terms.mode
+        gate = config.policy.quota_gate
         gated = is_gated(request.object, gate)
-        mode = config.quotas.mode_for(namespace)
         if gated and mode != "queue":
             # Waiting in line is for queue namespaces: a pod that brought the gate itself
             # elsewhere would be admitted uncharged and released later, past `enforce`.
@@ -119,17 +120,13 @@ class AdmissionJudge:
             return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
-        pending = _Pending(request, plan, config, limits, gated)
+        pending = _Pending(request, plan, config, terms, gated)
         self._pending[namespace].append(pending)
         if namespace not in self._committers:
             task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
             self._committers[namespace] = task
         verdict = await pending.verdict
-        if (
-            verdict.exceeded
-            and config.quotas.mode_for(namespace) == "queue"
-            and may_gate(request.object)
-        ):
+        if verdict.exceeded and mode == "queue" and may_gate(request.object):
             # The room this pod was created for went to another pod meanwhile: the gate that
             # would have held it can only be given at creation. (A pod bound to a node at
             # creation can have no gate: it is told what enforce mode says.)
@@ -153,14 +150,13 @@ class AdmissionJudge:
         is never refused for lack of room, and waits in order. A pod that could never fit is
         refused (`allowed` False); None means no gate.
         """
-        quotas = config.quotas
-        limits = quotas.limits_for(namespace)
         class_name = plan.class_name
-        if quotas.mode_for(namespace) != "queue" or class_name is None:
+        if class_name is None:
             return None
-        if not limits_on(class_name, limits):
+        terms = config.quotas.terms(namespace)
+        if terms.mode != "queue" or not limits_on(class_name, terms.limits):
             return None
-        never = _never_fits(namespace, plan, limits)
+        never = _never_fits(namespace, plan, terms.limits)
         return never if never is not None else QuotaVerdict(True, queued=True)
 
     async def _commit(self, namespace: str) -> None:
@@ -221,8 +217,8 @@ class AdmissionJudge:
                     pending.plan,
                     key,
                     in_use,
-                    pending.limits,
-                    gate_name(pending.config.policy),
+                    pending.terms.limits,
+                    pending.config.policy.quota_gate,
                 )
             else:
                 verdict = judge(
@@ -230,8 +226,8 @@ class AdmissionJudge:
                     class_name=class_name,
                     requested=pending.plan.charge,
                     in_use=in_use,
-                    limits=pending.limits,
-                    mode=pending.config.quotas.mode_for(namespace),
+                    limits=pending.terms.limits,
+                    mode=pending.terms.mode,
                 )
             verdicts.append(verdict)
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
@@ -274,7 +270,7 @@ def _when_full(pending: _Pending, verdict: QuotaVerdict, full: RecordFull) -> Qu
         return verdict
     if pending.gated:
         message = f"{full.headline}: the pod waits in line until the record has room"
-        return held_in_line(message, gate_name(pending.config.policy), verdict.limit)
+        return held_in_line(message, pending.config.policy.quota_gate, verdict.limit)
     return QuotaVerdict(False, full.detail, limit=verdict.limit)
 
 

@@ -82,8 +82,7 @@ def namespace_report(
 ) -> list[ClassReport]:
     """Report each class the namespace has a limit for, holds, reserves or waits for, and
     `*` when it has a cap across classes. Classes come in name order, `*` last."""
-    limits = quotas.limits_for(namespace)
-    mode = quotas.mode_for(namespace)
+    limits, mode, _ = quotas.terms(namespace)
     holders: dict[str, list[tuple[str, Fraction]]] = {}
     for holding in holdings:
         holders.setdefault(holding.class_name, []).append((holding.pod, holding.charge))

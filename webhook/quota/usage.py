@@ -19,7 +19,7 @@ from typing import Any
 from policies import Denial, Policy, QuotaConfig, pod_charge
 from policies.demand import TERMINAL_PHASES
 from policies.line import Line
-from policies.queue import Waiting, gate_name, is_gated, waiting_pod
+from policies.queue import Waiting, is_gated, waiting_pod
 
 log = logging.getLogger("gpuadm.usage")
 
@@ -224,7 +224,7 @@ def pod_state(
     if (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
         return None
     metadata = pod.get("metadata") or {}
-    gated = is_gated(pod, gate_name(policy))
+    gated = is_gated(pod, policy.quota_gate)
     if gated and metadata.get("deletionTimestamp"):
         return None
     namespace = str(metadata.get("namespace") or "")
