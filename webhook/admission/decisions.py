@@ -32,7 +32,7 @@ from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
 from webhook.quota.gate import QuotaGate
 from webhook.reviews import responses
-from webhook.reviews.in_turn import in_turn
+from webhook.reviews.large_pods import off_loop_if_large
 from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, AdmissionRequest
 
 # queued: admitted behind gpuadm's scheduling gate, to wait in line for quota (queue mode).
@@ -104,8 +104,8 @@ async def mutate_under(
     if not request.is_pod or request.operation != "CREATE" or _exempt(request, config):
         return Decision("allowed", revisions=revisions)
     try:
-        result = await config.plan_in_turn(request.object, request.namespace, size=request.size)
-        await _guard_in_turn(request, config, result.class_name)
+        result = await _plan(request, config)
+        await _apply_guard(request, config, result.class_name)
         gate = _should_gate(request, config, result, quota)
         if gate is not None and not gate.allowed:
             raise Denial(gate.message or "GPU quota exceeded")
@@ -188,10 +188,10 @@ async def validate_under(
     if request.operation != "CREATE":
         return Decision("allowed", revisions=revisions)
     try:
-        planned = await config.plan_in_turn(request.object, request.namespace, size=request.size)
+        planned = await _plan(request, config)
         # Before the fixed-point check: a pod the guard denies would only be denied again
         # after the retry that check asks for.
-        await _guard_in_turn(request, config, planned.class_name)
+        await _apply_guard(request, config, planned.class_name)
         result = require_fixed_point(planned)
         await _check_named_claims(request, config, claims)
     except (Denial, ClaimError) as denial:
@@ -272,7 +272,12 @@ def _validate_update(
     return Decision("allowed", revisions=revisions)
 
 
-async def _guard_in_turn(
+async def _plan(request: AdmissionRequest, config: ConfigSnapshot) -> Plan:
+    """Plan the pod under `config`; a large pod is planned in a worker thread."""
+    return await off_loop_if_large(request.size, config.plan, request.object, request.namespace)
+
+
+async def _apply_guard(
     request: AdmissionRequest, config: ConfigSnapshot, class_name: str | None
 ) -> None:
     """Apply the policy's guard rules beside the plan, not in it; raise `Denial`.
@@ -281,7 +286,7 @@ async def _guard_in_turn(
     security contexts the guard reads, so the guard runs on every review. Like planning, it is
     linear in the pod: a large pod is checked in a worker thread to keep the event loop free.
     """
-    await in_turn(request.size, check_guard, request.object, config.policy, class_name)
+    await off_loop_if_large(request.size, check_guard, request.object, config.policy, class_name)
 
 
 def _exempt(request: AdmissionRequest, config: ConfigSnapshot) -> bool:

@@ -26,7 +26,6 @@ from policies import (
 )
 from webhook.config.plan_memo import PlanMemo
 from webhook.observe.metrics import MemoReading, Metrics
-from webhook.reviews.in_turn import in_turn
 
 log = logging.getLogger("gpuadm.config")
 
@@ -70,10 +69,6 @@ class ConfigSnapshot:
         """Return the plan of a pod in a namespace under this config, or raise `Denial`."""
         default_class = self.quotas.default_class_for(namespace)
         return self.plans.plan(pod, namespace_default_class=default_class)
-
-    async def plan_in_turn(self, pod: Mapping[str, Any], namespace: str, *, size: int) -> Plan:
-        """Like `plan`, for a review of `size` bytes: a large pod is planned in a thread."""
-        return await in_turn(size, self.plan, pod, namespace)
 
 
 def revision_of(text: str) -> str:

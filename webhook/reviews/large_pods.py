@@ -1,4 +1,5 @@
-"""Work on a review's pod, done where it costs the other reviews least."""
+"""Work on a review's pod, done where it costs the other reviews least: a large pod's in a
+thread of its own, a small one's on the event loop."""
 
 from __future__ import annotations
 
@@ -23,7 +24,9 @@ _LARGE_POD_WORK = ThreadPoolExecutor(
 )
 
 
-async def in_turn(size: int, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+async def off_loop_if_large(
+    size: int, call: Callable[P, T], *args: P.args, **kwargs: P.kwargs
+) -> T:
     """Call `call` for a review of `size` bytes: on the loop if small, else in a thread.
 
     Work on a pod is linear in its size: well under a millisecond for a typical review, so
