@@ -24,6 +24,7 @@ from bench.endpoints import endpoint_figures
 from bench.flood import flood_figures
 from bench.queue import queue_figures
 from bench.quota import quota_figures
+from bench.startup import startup_figures
 from bench.vegeta import ensure_vegeta
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -71,6 +72,7 @@ def main() -> int:
         "pinning": cpus.describe(),
         "quota": quota_figures(lengths.judgements),
         "queue": queue_figures(lengths.rounds, lengths.seconds),
+        "startup": startup_figures(runs=10 * lengths.rounds),
     }
     if not args.skip_apiserver:
         # Imported here: the Kubernetes client and the end-to-end helpers load only if used.

@@ -67,9 +67,42 @@ def rows(results: dict[str, Any]) -> list[Row]:
         found += endpoint_rows(results["endpoints"])
     if "flood" in results:
         found += flood_rows(results["flood"])
+    if "startup" in results:
+        found += startup_rows(results["startup"])
     if "apiserver" in results:
         found += create_rows(results["apiserver"]) + burst_rows(results["apiserver"])
     return found
+
+
+# What starting gpuadm may add to the interpreter's own start, for the commands people and
+# CI run on every change (issue 24: under 0.3 s in all on the development machine).
+STARTUP_ADDED_MS = 250
+
+
+def startup_rows(startup: dict[str, Any]) -> list[Row]:
+    """The command line's start: each command against `python -c pass` in the same run."""
+    ms = startup["ms"]
+    anchor = ms["python -c pass"]
+    return [
+        context(
+            "start, gpuadm --version vs python -c pass (ms)",
+            ms["gpuadm --version"],
+            anchor,
+            added=True,
+        ),
+        added_at_most(
+            "start, gpuadm check-config vs python -c pass (ms)",
+            ms["gpuadm check-config"],
+            anchor,
+            STARTUP_ADDED_MS,
+        ),
+        added_at_most(
+            "start, gpuadm review vs python -c pass (ms)",
+            ms["gpuadm review"],
+            anchor,
+            STARTUP_ADDED_MS,
+        ),
+    ]
 
 
 def endpoint_rows(endpoints: dict[str, Any]) -> list[Row]:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from webhook.claims.templates import ClaimError
 from webhook.kube.errors import KubeError
-from webhook.kube.rest import AsyncApi
+
+if TYPE_CHECKING:
+    from webhook.kube.rest import AsyncApi
 
 
 class Claims(Protocol):

@@ -18,14 +18,17 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.demand import TERMINAL_PHASES
 from policies.dra_templates import ClaimTemplate, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
 from webhook.config.snapshot import ConfigHolder
+from webhook.kube.endpoint import RESOURCE_API
 from webhook.kube.errors import KubeError
-from webhook.kube.rest import RESOURCE_API, AsyncApi
+
+if TYPE_CHECKING:
+    from webhook.kube.rest import AsyncApi
 
 log = logging.getLogger("gpuadm.claims")
 

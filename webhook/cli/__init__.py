@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import os
 import sys
 from collections.abc import Sequence
@@ -17,7 +16,9 @@ def build_parser(prog: str = "gpuadm") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog, description="GPU admission controller for Kubernetes."
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument(
+        "--version", action=_Version, nargs=0, help="print the version of gpuadm and exit"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     serve.add_parser(sub)
     review.add_parser(sub)
@@ -27,11 +28,25 @@ def build_parser(prog: str = "gpuadm") -> argparse.ArgumentParser:
     return parser
 
 
-def _version() -> str:
-    try:
-        return importlib.metadata.version("gpuadm")
-    except importlib.metadata.PackageNotFoundError:
-        return "(not installed)"
+class _Version(argparse.Action):
+    """--version, read from the installed package only when asked for (reading package
+    metadata costs more than starting the rest of the command line)."""
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        import importlib.metadata
+
+        try:
+            version = importlib.metadata.version("gpuadm")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(not installed)"
+        print(f"{parser.prog} {version}")
+        parser.exit()
 
 
 def plugin() -> int:

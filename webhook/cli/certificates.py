@@ -7,22 +7,17 @@ import base64
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from certs import (
-    CertifiedKey,
-    ChainError,
-    describe,
-    load_certified_key,
-    renewal_due,
-    service_dns_names,
-    verify_chain,
-    write_tls_dir,
-)
-from certs.rotation import issue
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
-from webhook.kube.client import Kube, KubeError, connect
-from webhook.tls.keeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget, secret_data
+
+if TYPE_CHECKING:
+    from webhook.kube.client import Kube
+    from webhook.tls.keeper import TLSTarget
+
+# The certificate and cluster libraries are imported by the actions that use them, so that
+# the commands that never do (review, check-config) start without them.
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,6 +43,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def target_of(args: argparse.Namespace) -> TLSTarget:
     """Return what the keeper manages, from the command line (`certs ...` or `serve`)."""
+    from certs import service_dns_names
+    from webhook.tls.keeper import TLSTarget
+
     return TLSTarget(
         namespace=args.gpuadm_namespace,
         secret=args.tls_secret,
@@ -59,6 +57,11 @@ def target_of(args: argparse.Namespace) -> TLSTarget:
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Run one `gpuadm certs` action; return the exit code."""
+    from certs import describe, service_dns_names, write_tls_dir
+    from certs.rotation import issue
+    from webhook.kube.client import KubeError, connect
+    from webhook.tls.keeper import TLSKeeper
+
     now = datetime.now(UTC)
     if args.certs_command == "generate":
         dns = [*service_dns_names(args.service, args.gpuadm_namespace), *args.dns]
@@ -107,6 +110,8 @@ def _show_files(directory: Path, args: argparse.Namespace, now: datetime) -> Exi
 
 
 def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCode:
+    from webhook.tls.keeper import WEBHOOK_KINDS, secret_data
+
     secret = kube.get_secret(args.gpuadm_namespace, args.tls_secret)
     if secret is None:
         print(f"no Secret {args.gpuadm_namespace}/{args.tls_secret}; run `gpuadm certs install`")
@@ -142,6 +147,8 @@ def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[st
     """Print the serving certificate and the CA; return what is wrong with them: a key that
     is not the certificate's, a serving certificate the CA did not sign or that does not
     name `host`, an expired certificate."""
+    from certs import CertifiedKey, describe, load_certified_key
+
     problems = []
     for label, cert, key in (("serving", "tls.crt", "tls.key"), ("CA", "ca.crt", "ca.key")):
         if cert not in data:
@@ -169,6 +176,8 @@ def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[st
 
 def _chain_problem(serving: bytes, bundle: bytes, host: str, now: datetime) -> str:
     """Say why a client trusting `bundle` would refuse `serving` for `host`, or ""."""
+    from certs import ChainError, verify_chain
+
     if not bundle:
         return "is empty: the apiserver trusts no certificate of gpuadm's"
     try:
@@ -188,4 +197,6 @@ def _verdict(problems: list[str]) -> ExitCode:
 
 
 def _due(cert_pem: bytes, now: datetime) -> str:
+    from certs import renewal_due
+
     return " (renewal due)" if renewal_due(cert_pem, now=now) else ""

@@ -17,11 +17,10 @@ from typing import Literal
 
 import yaml
 
-from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
-from policies.loading import line_of
-from policies.policy import routing_warnings
-from policies.suggest import suggestion
 from webhook.cli.exits import CommandError, ExitCode
+
+# The config models (the policies package) are imported when a check runs, so that
+# building the command line (for --help, --version, or another command) does not build them.
 
 Kind = Literal["policy", "quotas"]
 # What `gpuadm serve` reads in a cluster: these keys of these ConfigMaps, and nothing else.
@@ -29,10 +28,14 @@ CONFIG_MAPS: dict[Kind, tuple[str, str]] = {
     "policy": ("gpuadm-policy", "policy.yaml"),
     "quotas": ("gpuadm-quotas", "quotas.yaml"),
 }
-KEYS: dict[Kind, frozenset[str]] = {
-    "policy": frozenset(f.alias or n for n, f in Policy.model_fields.items()),
-    "quotas": frozenset(f.alias or n for n, f in QuotaConfig.model_fields.items()),
-}
+
+
+def _keys(kind: Kind) -> frozenset[str]:
+    """The top-level keys of a policy or a quota config, as the file spells them."""
+    from policies import Policy, QuotaConfig
+
+    model = Policy if kind == "policy" else QuotaConfig
+    return frozenset(f.alias or n for n, f in model.model_fields.items())
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -76,6 +79,10 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     Warnings (a valid config that may not do what its author meant) do not fail the check.
     """
+    from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
+    from policies.loading import line_of
+    from policies.policy import routing_warnings
+
     given: list[tuple[str, Kind | None]] = [
         *((name, "policy") for name in args.policy),
         *((name, "quotas") for name in args.quotas),
@@ -126,6 +133,8 @@ def run(args: argparse.Namespace) -> ExitCode:
 
 def _at(part: Part, warning: str) -> str:
     """Where a policy warning points: the line of the class it names, else the file."""
+    from policies.loading import line_of
+
     named = re.match(r"class ([a-z0-9-]+)\b", warning)
     if named:
         line = line_of(part.text, ["classes", named.group(1)], first_line=part.first_line)
@@ -216,6 +225,8 @@ def _document(
 
 def _config_map(source: str, text: str, node: yaml.Node, found: Findings) -> None:
     """Check a ConfigMap as `serve` reads it: only its name's one key counts."""
+    from policies.suggest import suggestion
+
     keys = _scalar_keys(node)
     name = _scalar_keys(keys.get("metadata")).get("name")
     map_name = name.value if isinstance(name, yaml.ScalarNode) else ""
@@ -290,22 +301,26 @@ def _scalar_keys(node: yaml.Node | None) -> dict[str, yaml.Node]:
 
 def _looks_like_values(keys: dict[str, yaml.Node]) -> bool:
     return any(isinstance(keys.get(k), yaml.MappingNode) for k in ("policy", "quotas")) and not (
-        keys.keys() & (KEYS["policy"] | KEYS["quotas"])
+        keys.keys() & (_keys("policy") | _keys("quotas"))
     )
 
 
 def _guess(keys: dict[str, yaml.Node]) -> Kind:
     """The kind whose keys a mapping's keys match best: exact matches, then near ones."""
+    from policies.suggest import suggestion
 
     def score(kind: Kind) -> tuple[int, int]:
-        exact = sum(1 for key in keys if key in KEYS[kind])
-        near = sum(1 for key in keys if key not in KEYS[kind] and suggestion(key, KEYS[kind]))
+        known = _keys(kind)
+        exact = sum(1 for key in keys if key in known)
+        near = sum(1 for key in keys if key not in known and suggestion(key, known))
         return exact, near
 
     return "quotas" if score("quotas") > score("policy") else "policy"
 
 
 def _closest(key: str, choices: dict[str, Kind]) -> str:
+    from policies.suggest import suggestion
+
     for choice in choices:
         if suggestion(key, [choice]) or key.split(".")[0] in choice:
             return choice

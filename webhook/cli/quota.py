@@ -7,27 +7,20 @@ import argparse
 import json
 import os
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from policies import ConfigError
-from policies.queue import Waiting
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
-from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
-from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
-from webhook.kube.client import USAGE_RECORD_LABEL, Kube, KubeError, connect
-from webhook.quota.configmap_store import record_of
-from webhook.quota.ledger import RESERVATION_TTL
-from webhook.quota.report import (
-    ClassReport,
-    namespace_report,
-    reported_namespaces,
-    reservations_to_report,
-)
-from webhook.quota.reservations import Reservation
-from webhook.quota.usage import Holding, pod_state
+
+if TYPE_CHECKING:
+    from webhook.config.snapshot import ConfigSnapshot
+    from webhook.kube.client import Kube
+    from webhook.quota.report import ClassReport
+
+# The cluster and quota modules are imported by the functions that read the cluster, so
+# that the commands that never do (review, check-config) start without them.
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,6 +57,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Print the reports."""
+    from webhook.kube.client import KubeError, connect
+
     try:
         kube = connect(args.kubeconfig, context=args.context)
         reports = cluster_reports(kube, args.gpuadm_namespace, only=args.tenant)
@@ -80,6 +75,14 @@ def run(args: argparse.Namespace) -> ExitCode:
 
 def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts."""
+    from policies.queue import Waiting
+    from webhook.kube.client import USAGE_RECORD_LABEL
+    from webhook.quota.configmap_store import record_of
+    from webhook.quota.ledger import RESERVATION_TTL
+    from webhook.quota.report import namespace_report, reported_namespaces, reservations_to_report
+    from webhook.quota.reservations import Reservation
+    from webhook.quota.usage import Holding, pod_state
+
     config = _config(kube, gpuadm_namespace)
     holdings: dict[str, Holding] = {}
     waiting: dict[str, Waiting] = {}
@@ -133,6 +136,10 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
 
 
 def _config(kube: Kube, namespace: str) -> ConfigSnapshot:
+    from policies import ConfigError
+    from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
+    from webhook.config.snapshot import snapshot_from_text
+
     maps = {m["metadata"]["name"]: m for m in kube.list_configmaps(namespace).items}
     if POLICY_MAP not in maps:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")

@@ -10,25 +10,19 @@ import uuid
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jsonpatch
 import yaml
 
-from policies import Denial, pod_charge
-from policies.quantity import QuantityError, format_amount, parse_quantity
-from policies.suggest import suggestion
-from webhook.admission.decisions import Trusted, mutate_under, validate_under
-from webhook.claims.lookup import NoClaims
-from webhook.claims.templates import LABELS, NoTemplates
 from webhook.cli import flags
-from webhook.cli.config_files import load_config
 from webhook.cli.exits import CommandError, ExitCode
-from webhook.config.snapshot import ConfigSnapshot
-from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore
-from webhook.quota.usage import UsageIndex
-from webhook.reviews.request import AdmissionRequest
+
+if TYPE_CHECKING:
+    from webhook.config.snapshot import ConfigSnapshot
+    from webhook.reviews.request import AdmissionRequest
+
+# Admission, the core and the quota ledger are imported when a review runs, so that
+# building the command line (for --help, --version, or another command) does not load them.
 
 
 class ManifestLoader(yaml.SafeLoader):
@@ -108,6 +102,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod."""
+    from webhook.cli.config_files import load_config
+
     config = load_config(args.policy, args.quotas)
     in_use = _in_use(args.in_use, config)
     try:
@@ -197,6 +193,9 @@ def _as_json(document: dict[str, Any], path: Path) -> dict[str, Any]:
 
 def _in_use(values: list[str], config: ConfigSnapshot) -> dict[str, Fraction]:
     """Parse --in-use CLASS=GPUS[,CLASS=GPUS...] against the policy's classes."""
+    from policies.quantity import QuantityError, parse_quantity
+    from policies.suggest import suggestion
+
     in_use: dict[str, Fraction] = {}
     for item in (part.strip() for value in values for part in value.split(",")):
         if not item:
@@ -226,6 +225,17 @@ async def simulate_admission(
     in_use: dict[str, Fraction] | None = None,
 ) -> dict[str, Any]:
     """Run the pod through /mutate then /validate, as the apiserver would."""
+    import jsonpatch
+
+    from policies import Denial, pod_charge
+    from policies.quantity import format_amount
+    from webhook.admission.decisions import Trusted, mutate_under, validate_under
+    from webhook.claims.lookup import NoClaims
+    from webhook.claims.templates import LABELS, NoTemplates
+    from webhook.quota.ledger import QuotaLedger
+    from webhook.quota.reservations import MemoryStore
+    from webhook.quota.usage import UsageIndex
+
     # A fresh ledger: the namespace holds what --in-use says, as pods the usage index sees.
     usage = UsageIndex()
     for class_name, gpus in (in_use or {}).items():
@@ -276,6 +286,8 @@ def _holder(
     namespace: str, class_name: str, gpus: Fraction, domain: str, index: int
 ) -> dict[str, Any]:
     """A running pod that holds `gpus` GPUs of a class, as the usage index would see it."""
+    from policies.quantity import format_amount
+
     name = f"in-use-{class_name}-{index}"
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": name},
@@ -293,6 +305,8 @@ def _holder(
 
 
 def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:
+    from webhook.reviews.request import AdmissionRequest
+
     return AdmissionRequest(
         uid=str(uuid.uuid4()),
         operation="CREATE",

@@ -12,20 +12,12 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
-from certs import CertificateReloader, new_ca, new_serving_cert, server_ssl_context, write_tls_dir
 from webhook.cli import flags
-from webhook.cli.certificates import target_of
-from webhook.cli.config_files import load_config
 from webhook.cli.exits import CommandError, ExitCode
-from webhook.kube.client import KubeError, connect
-from webhook.observe import logs
-from webhook.observe.audit_log import AuditLog
-from webhook.server import listener
-from webhook.server.appkeys import METRICS
-from webhook.server.lifecycle import Background
-from webhook.server.replica import cluster_app, standalone_app
-from webhook.server.settings import CLAIM_CONTROLLERS, Settings
-from webhook.tls.keeper import TLSKeeper
+from webhook.server.settings import CLAIM_CONTROLLERS
+
+# The server, TLS and cluster modules are imported when gpuadm serves, so that the
+# commands that never do (review, check-config) start without them.
 
 log = logging.getLogger("gpuadm")
 
@@ -106,6 +98,19 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Serve the webhook over HTTPS until interrupted."""
+    from certs import CertificateReloader, server_ssl_context
+    from webhook.cli.certificates import target_of
+    from webhook.cli.config_files import load_config
+    from webhook.kube.client import KubeError, connect
+    from webhook.observe import logs
+    from webhook.observe.audit_log import AuditLog
+    from webhook.server import listener
+    from webhook.server.appkeys import METRICS
+    from webhook.server.lifecycle import Background
+    from webhook.server.replica import cluster_app, standalone_app
+    from webhook.server.settings import Settings
+    from webhook.tls.keeper import TLSKeeper
+
     logs.configure(args.log_level, args.log_format)
     cert_file, key_file = args.cert_file, args.key_file
     if (cert_file is None) != (key_file is None):
@@ -197,6 +202,8 @@ def _lease_seconds(text: str) -> float:
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:
     """Make a CA and a serving certificate for local use; say where the CA is."""
+    from certs import new_ca, new_serving_cert, write_tls_dir
+
     directory = tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
     now = datetime.now(UTC)
     ca = new_ca(now=now)

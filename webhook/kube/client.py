@@ -21,7 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from policies import policy
-from webhook.kube.endpoint import Endpoint, file_or_none
+from webhook.kube.endpoint import LIST_PAGE_SIZE, Endpoint, file_or_none
 from webhook.kube.errors import KubeError, status_message
 
 __all__ = [
@@ -43,9 +43,6 @@ USAGE_RECORD_LABEL = "gpuadm.io/usage-for"
 # events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
 # that the same Event is valid through either API and `kubectl describe` stays readable.
 EVENT_MESSAGE_MAX = 1024
-# Pods per page of a full list: large enough that 100,000 pods take 200 round trips, small
-# enough that one page (about 5 MiB of typical pods) never strains the apiserver or us.
-LIST_PAGE_SIZE = 500
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,6 +7,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+# Pods per page of a full list: large enough that 100,000 pods take 200 round trips, small
+# enough that one page (about 5 MiB of typical pods) never strains the apiserver or us.
+LIST_PAGE_SIZE = 500
+# The API group of DRA's claims and templates. Both constants live here, in the module
+# every client reads, so that a module needing only them imports neither client library.
+RESOURCE_API = "/apis/resource.k8s.io/v1"
+
 
 @dataclass(frozen=True)
 class Endpoint:

@@ -17,8 +17,7 @@ from urllib.parse import quote
 import aiohttp
 import orjson
 
-from webhook.kube.client import LIST_PAGE_SIZE
-from webhook.kube.endpoint import Endpoint
+from webhook.kube.endpoint import LIST_PAGE_SIZE, RESOURCE_API, Endpoint
 from webhook.kube.errors import KubeError, status_message
 
 # Connections kept open to the apiserver: enough for a burst's record writes and namespace
@@ -29,7 +28,6 @@ MAX_CONNECTIONS = 8
 CALL_TIMEOUT_SECONDS = 4.0
 
 
-RESOURCE_API = "/apis/resource.k8s.io/v1"
 COORDINATION_API = "/apis/coordination.k8s.io/v1"
 CORE_API = "/api/v1"
 # gpuadm's own API: the GPUQuota objects that show tenants their quota (deploy/base/crd.yaml).
