@@ -7,7 +7,7 @@ from fractions import Fraction
 from typing import Any
 
 from policies.quantity import format_amount
-from webhook.admission.decisions import Decision
+from webhook.admission.decision import Decision
 from webhook.reviews.request import AdmissionRequest
 
 

@@ -1,5 +1,9 @@
 """Turn a decoded request into a decision, by calling the pure core and the quota gate.
 
+A request first meets the filters of `admission.filters`: a kind gpuadm does not judge, an
+exempt namespace, an operation it leaves alone, each answered without judging. What passes
+them all is judged here.
+
 Two error families meet here, each with its own channel: a pod that breaks a rule is a
 `policies.Denial` and becomes `allowed: false` with the rule's message; a review that is not
 a review was refused earlier, as an HTTP 400, by the edge in `webhook.server.handlers`.
@@ -11,8 +15,7 @@ trusts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
 
 from policies import (
     Denial,
@@ -27,63 +30,35 @@ from policies.guard import check_allocation_update
 from policies.judge import QuotaVerdict
 from policies.pod_shape import check_update_shape
 from policies.queue import add_gate, gate_name, is_gated, may_gate
+from webhook.admission.decision import Decision, Outcome
+from webhook.admission.filters import (
+    Filter,
+    exempt_namespace,
+    first_answer,
+    judged_kind,
+    operations,
+    pods,
+)
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
-from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig, Revisions
+from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig
 from webhook.quota.gate import QuotaGate
-from webhook.reviews import responses
 from webhook.reviews.large_pods import off_loop_if_large
 from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, AdmissionRequest
 
-# queued: admitted behind gpuadm's scheduling gate, to wait in line for quota (queue mode).
-Outcome = Literal["allowed", "mutated", "denied", "warned", "queued", "error"]
-# A reason in auditAnnotations is for the apiserver's audit log, which keeps every request:
-# 1 KiB holds any one denial message; the whole message is in gpuadm's own audit record.
-AUDIT_VALUE_MAX = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What was decided about one request: the outcome, why, and what it costs."""
-
-    outcome: Outcome
-    reason: str = ""
-    warnings: tuple[str, ...] = ()
-    plan: Plan | None = None
-    patch: list[dict[str, Any]] = field(default_factory=list)
-    quota: QuotaVerdict | None = None
-    revisions: Revisions | None = None
-
-    def review(self, uid: str) -> dict[str, Any]:
-        """Return the AdmissionReview that carries this decision to the apiserver."""
-        audit = self.audit_annotations()
-        if self.outcome == "error":
-            return responses.errored(uid, self.reason)
-        if self.outcome == "denied":
-            return responses.denied(uid, self.reason, warnings=self.warnings, audit=audit)
-        encoded = self.plan.patch_json if self.plan and self.plan.patch is self.patch else None
-        return responses.patched(
-            uid, self.patch, warnings=self.warnings, audit=audit, encoded=encoded
-        )
-
-    def audit_annotations(self) -> dict[str, str]:
-        """Return what the apiserver's own audit log should record of this decision.
-
-        The apiserver prefixes each key with the webhook's name, so keys hold no "/".
-        """
-        annotations: dict[str, str] = {"decision": self.outcome}
-        if self.plan is not None and self.plan.class_name is not None:
-            annotations["class"] = self.plan.class_name
-            annotations["demand"] = self.plan.demand or ""
-        if self.reason:
-            annotations["reason"] = self.reason[:AUDIT_VALUE_MAX]
-        return annotations
+# What a pod's creation meets before it is rewritten.
+MUTATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, pods, operations("CREATE"))
+# What a request meets before it is judged as stored: pods and DRA claims are judged when
+# created or updated.
+VALIDATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, operations("CREATE", "UPDATE"))
 
 
 async def mutate(
     request: AdmissionRequest, *, config: ConfigHolder, templates: Templates, quota: QuotaGate
 ) -> Decision:
     """Rewrite a pod created with a GPU class into its backend's form."""
+    if (answer := judged_kind(request)) is not None:
+        return answer
     try:
         snapshot = config.current
     except NoConfig as error:
@@ -100,9 +75,9 @@ async def mutate_under(
     ResourceClaimTemplates a `dra` pod will name are made first, unless the request is a dry
     run, which stores nothing.
     """
+    if (answer := first_answer(MUTATE_FILTERS, request, config)) is not None:
+        return answer
     revisions = config.revisions
-    if not request.is_pod or request.operation != "CREATE" or _exempt(request, config):
-        return Decision("allowed", revisions=revisions)
     try:
         result = await _plan(request, config)
         await _apply_guard(request, config, result.class_name)
@@ -125,7 +100,12 @@ async def mutate_under(
         )
     outcome: Outcome = "mutated" if result.patch else "allowed"
     return Decision(
-        outcome, warnings=result.warnings, plan=result, patch=result.patch, revisions=revisions
+        outcome,
+        warnings=result.warnings,
+        plan=result,
+        patch=result.patch,
+        revisions=revisions,
+        encoded_patch=result.patch_json,
     )
 
 
@@ -162,6 +142,8 @@ async def validate(
 ) -> Decision:
     """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys;
     and judge DRA claims and templates written in a governed namespace."""
+    if (answer := judged_kind(request)) is not None:
+        return answer
     try:
         snapshot = config.current
     except NoConfig as error:
@@ -178,15 +160,13 @@ async def validate_under(
     trusted: Trusted,
 ) -> Decision:
     """Judge a request under one given config snapshot (as `gpuadm review` does)."""
-    revisions = config.revisions
-    if _exempt(request, config):
-        return Decision("allowed", revisions=revisions)
+    if (answer := first_answer(VALIDATE_FILTERS, request, config)) is not None:
+        return answer
     if not request.is_pod:
         return _validate_claim_object(request, config, trusted)
     if request.operation == "UPDATE":
         return _validate_update(request, config, trusted_user=trusted.gpuadm)
-    if request.operation != "CREATE":
-        return Decision("allowed", revisions=revisions)
+    revisions = config.revisions
     try:
         planned = await _plan(request, config)
         # Before the fixed-point check: a pod the guard denies would only be denied again
@@ -234,7 +214,7 @@ def _validate_claim_object(
     """Judge a ResourceClaim or ResourceClaimTemplate (`policies.claims`)."""
     revisions = config.revisions
     policy = config.policy
-    if not policy.guard.foreign_gpu_claims or request.operation not in ("CREATE", "UPDATE"):
+    if not policy.guard.foreign_gpu_claims:
         return Decision("allowed", revisions=revisions)
     try:
         if request.kind == CLAIM_TEMPLATE and not (
@@ -287,7 +267,3 @@ async def _apply_guard(
     linear in the pod: a large pod is checked in a worker thread to keep the event loop free.
     """
     await off_loop_if_large(request.size, check_guard, request.object, config.policy, class_name)
-
-
-def _exempt(request: AdmissionRequest, config: ConfigSnapshot) -> bool:
-    return request.namespace in config.policy.exempt_namespaces

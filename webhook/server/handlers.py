@@ -4,8 +4,11 @@
   wrong (413 too large or too heavy to decode, 415 not JSON or compressed, 400 malformed,
   naming the field and its value). A body not received and let in within the request
   budget (server.budget) is a 503 asking to retry; a caller that hangs up gets nothing.
+- Before its body is read, a request passes the edge's filters: the client certificate
+  when one is required (401 without), then the headers (415 not JSON or compressed, 413
+  announced too large). The first that refuses answers.
 - A well-formed review of another kind than a Pod, a ResourceClaim or a ResourceClaimTemplate
-  is not gpuadm's to judge: it is allowed, with no patch, here, without reaching admission.
+  is not gpuadm's to judge: admission's first filter allows it, with no patch.
 - A pod that breaks a rule, or that is merely odd (a field of the wrong type), is an HTTP 200
   review with `allowed: false` (webhook.admission and the core).
 - Any other failure is logged here with its traceback and answered with a review that still
@@ -18,8 +21,9 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
+from functools import partial
 from typing import Any
 
 import orjson
@@ -28,7 +32,7 @@ from aiohttp import web
 from certs import peer_certificate_verified
 from policies.pod_shape import shown
 from webhook.admission.audit_record import audit_entry
-from webhook.admission.decisions import Decision
+from webhook.admission.decision import Decision
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.reviews.request import (
@@ -61,6 +65,44 @@ class Refusal(Exception):
         self.reason = reason
 
 
+# A filter of the edge, on the HTTP request before its body is read: a refusal, or None.
+RequestFilter = Callable[[web.Request], Refusal | None]
+
+
+def client_certificate(request: web.Request) -> Refusal | None:
+    """Refuse a caller without a certificate signed by the client CA (the apiserver has one)."""
+    transport = request.transport
+    if transport is not None and peer_certificate_verified(transport.get_extra_info("peercert")):
+        return None
+    return Refusal(401, "a client certificate signed by gpuadm's --client-ca-file is required")
+
+
+def json_content(request: web.Request) -> Refusal | None:
+    """Refuse a body that does not say it is JSON."""
+    if request.content_type == "application/json":
+        return None
+    return Refusal(415, f"Content-Type must be application/json, got {request.content_type!r}")
+
+
+def uncompressed(request: web.Request) -> Refusal | None:
+    """Refuse a compressed body unread."""
+    encoding = request.headers.get("Content-Encoding", "").strip().lower()
+    if encoding in IDENTITY:
+        return None
+    return Refusal(
+        415,
+        f"Content-Encoding {shown(encoding)} is not accepted: send the review "
+        "uncompressed, as the apiserver does",
+    )
+
+
+def announced_within(request: web.Request, limit: int) -> Refusal | None:
+    """Refuse a body whose announced length is over `limit` bytes, before reading it."""
+    if request.content_length is None or request.content_length <= limit:
+        return None
+    return Refusal(413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit")
+
+
 class ReviewEndpoint:
     """POST /mutate or /validate: one admission decision per request, audited and counted."""
 
@@ -88,21 +130,26 @@ class ReviewEndpoint:
         self.audit = audit
         self.max_review_bytes = max_review_bytes
         self.budget = budget if budget is not None else RequestBudget()
-        self.require_client_certificate = require_client_certificate
+        self.filters: tuple[RequestFilter, ...] = (
+            *((client_certificate,) if require_client_certificate else ()),
+            json_content,
+            uncompressed,
+            partial(announced_within, limit=max_review_bytes),
+        )
         self._large = asyncio.Semaphore(MAX_LARGE_IN_FLIGHT)
 
     async def handle(self, request: web.Request) -> web.Response:
-        """Read the review within the budget, decode, decide, audit, and answer."""
+        """Pass the filters, read the review within the budget, decode, decide, audit, and
+        answer."""
         started = time.perf_counter()
+        for step in self.filters:
+            if (refusal := step(request)) is not None:
+                return self._refuse(refusal.status, refusal.reason)
         try:
-            if self.require_client_certificate and not _caller_verified(request):
-                raise Refusal(
-                    401, "a client certificate signed by gpuadm's --client-ca-file is required"
-                )
             async with AsyncExitStack() as held:
                 try:
                     async with asyncio.timeout(self.budget.read_seconds):
-                        body = await self._let_in(request, held)
+                        body = await self._read_within_budget(request, held)
                 except TimeoutError:
                     raise Refusal(
                         503,
@@ -110,17 +157,16 @@ class ReviewEndpoint:
                         f"{self.budget.read_seconds:g} s (a slow sender, or a replica at its "
                         "limit); retry",
                     ) from None
-                return await self._serve(body, started)
+                return await self._decode_and_answer(body, started)
         except Refusal as refusal:
-            return self._bad_request(refusal.status, refusal.reason)
+            return self._refuse(refusal.status, refusal.reason)
         except ConnectionError:
             # The caller hung up: no one is left to answer, and nothing went wrong here.
             log.debug("the caller of /%s closed the connection before its answer", self.name)
             return web.Response(status=499)
 
-    async def _let_in(self, request: web.Request, held: AsyncExitStack) -> bytes:
+    async def _read_within_budget(self, request: web.Request, held: AsyncExitStack) -> bytes:
         """Read the body, then take what decoding it costs from the budget, in `held`."""
-        self._check_headers(request)
         announced = request.content_length
         if announced is None or announced >= LARGE_REVIEW_BYTES:
             # Large, or of unknown size: its bytes count while they arrive, so stalled
@@ -142,13 +188,13 @@ class ReviewEndpoint:
             await held.enter_async_context(self._hold(self.budget.large_decoding, weight))
         await held.enter_async_context(self._hold(self.budget.decoding, weight))
         if large:
-            await held.enter_async_context(_holding(self._large))
+            await held.enter_async_context(self._large)
         return body
 
     def _hold(self, budget: ByteBudget, amount: int) -> AbstractAsyncContextManager[None]:
         return budget.hold(min(amount, budget.capacity))
 
-    async def _serve(self, body: bytes, started: float) -> web.Response:
+    async def _decode_and_answer(self, body: bytes, started: float) -> web.Response:
         try:
             review = decode_review(body)
         except BadReview as error:
@@ -166,7 +212,7 @@ class ReviewEndpoint:
     async def _answer(self, review: AdmissionRequest) -> tuple[Decision, dict[str, Any]]:
         """Decide, and write the review that answers; a failure of either keeps the uid."""
         try:
-            decision = await self._decide(review)
+            decision = await self.decide(review)
             return decision, decision.review(review.uid)
         except Exception:
             incident = uuid.uuid4().hex[:12]
@@ -175,34 +221,6 @@ class ReviewEndpoint:
                 "error", f"gpuadm failed to judge this request (incident {incident}); retry"
             )
             return decision, decision.review(review.uid)
-
-    async def _decide(self, review: AdmissionRequest) -> Decision:
-        if not review.is_judged:
-            # The webhooks' rules send no other kind, so this is a misrouted or hand-made
-            # review: well-formed, so not a 4xx, and nothing of gpuadm's to judge or rewrite.
-            return Decision(
-                "allowed",
-                f"gpuadm judges Pods and DRA claims only; {review.kind} passes unchanged",
-            )
-        return await self.decide(review)
-
-    def _check_headers(self, request: web.Request) -> None:
-        limit = self.max_review_bytes
-        if request.content_type != "application/json":
-            raise Refusal(
-                415, f"Content-Type must be application/json, got {request.content_type!r}"
-            )
-        encoding = request.headers.get("Content-Encoding", "").strip().lower()
-        if encoding not in IDENTITY:
-            raise Refusal(
-                415,
-                f"Content-Encoding {shown(encoding)} is not accepted: send the review "
-                "uncompressed, as the apiserver does",
-            )
-        if request.content_length is not None and request.content_length > limit:
-            raise Refusal(
-                413, f"body of {request.content_length} bytes exceeds the {limit}-byte limit"
-            )
 
     async def _read_body(self, request: web.Request) -> bytes:
         limit = self.max_review_bytes
@@ -214,21 +232,10 @@ class ReviewEndpoint:
             # aiohttp's own refusal of a body it cannot take (a broken chunked encoding).
             raise Refusal(error.status, error.text or error.reason) from None
 
-    def _bad_request(self, status: int, reason: str) -> web.Response:
+    def _refuse(self, status: int, reason: str) -> web.Response:
         log.warning("refused a request to /%s with HTTP %d: %s", self.name, status, reason)
         self.metrics.bad_requests.labels(self.name, str(status)).inc()
         return _json(status, {"error": reason})
-
-
-@asynccontextmanager
-async def _holding(semaphore: asyncio.Semaphore) -> AsyncIterator[None]:
-    async with semaphore:
-        yield
-
-
-def _caller_verified(request: web.Request) -> bool:
-    transport = request.transport
-    return transport is not None and peer_certificate_verified(transport.get_extra_info("peercert"))
 
 
 def _json(status: int, payload: object) -> web.Response:

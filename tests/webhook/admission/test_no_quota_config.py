@@ -13,6 +13,7 @@ import pytest
 
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from webhook.admission import decisions
+from webhook.admission.decision import Decision
 from webhook.claims.lookup import NoClaims
 from webhook.claims.templates import NoTemplates
 from webhook.config.snapshot import ConfigHolder, Missing, PartText
@@ -29,7 +30,7 @@ def request(body: dict[str, Any], namespace: str) -> AdmissionRequest:
     return decode_review(orjson.dumps(review(body, namespace=namespace)))
 
 
-async def judged(holder: ConfigHolder, body: dict[str, Any], namespace: str) -> decisions.Decision:
+async def judged(holder: ConfigHolder, body: dict[str, Any], namespace: str) -> Decision:
     """Mutate as the apiserver would, then validate the pod as stored."""
     ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=False)
     mutated = await decisions.mutate(
