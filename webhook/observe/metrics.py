@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -285,6 +286,15 @@ class Metrics:
             "When the served certificate expires (Unix time).",
             registry=r,
         )
+        # 0 until the app says how it is ready (`watch_readiness`).
+        self.ready = Gauge(
+            "gpuadm_ready", "1 when this replica is ready (/readyz answers ok), else 0", registry=r
+        )
+        Gauge(
+            "gpuadm_process_resident_memory_bytes",
+            "Resident memory of the gpuadm process (from /proc; NaN where there is none).",
+            registry=r,
+        ).set_function(resident_memory_bytes)
 
     def answered(self, endpoint: str, operation: str, decision: str, seconds: float) -> None:
         """Count one answered review and its latency (label children cached: hot path)."""
@@ -318,6 +328,10 @@ class Metrics:
         """Export the plan memo's size and evictions, read from `read` at each scrape."""
         self.registry.register(_PlanMemoCollector(read))
 
+    def watch_readiness(self, ready: Callable[[], bool]) -> None:
+        """Export readiness as /readyz answers it (1 ready, 0 not), read at each scrape."""
+        self.ready.set_function(lambda: 1.0 if ready() else 0.0)
+
     def watch_budget(self, name: str, read: Callable[[], int]) -> None:
         """Export how much of the request budget `name` is held, read at each scrape."""
         self.budget_in_use.labels(name).set_function(read)
@@ -330,3 +344,13 @@ class Metrics:
     def exposition(self) -> bytes:
         """Return the text format Prometheus scrapes."""
         return generate_latest(self.registry)
+
+
+def resident_memory_bytes() -> float:
+    """Return the process's resident memory, from /proc (Linux); NaN where there is none."""
+    try:
+        with open("/proc/self/statm", "rb") as statm:
+            pages = int(statm.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return float("nan")
+    return float(pages * os.sysconf("SC_PAGE_SIZE"))

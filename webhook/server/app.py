@@ -95,6 +95,7 @@ def create_app(
         work.append(Background("tls-reload", fresh, stale_after=TLS_STALE_SECONDS))
         checks.append(partial(certificate_problem, tls))
     app[READINESS] = tuple(checks)
+    metrics.watch_readiness(lambda: all(check() is None for check in app[READINESS]))
     for item in work:
         app.cleanup_ctx.append(tasks.for_app_lifetime(item))
     return app
