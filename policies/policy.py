@@ -316,7 +316,7 @@ def routing_warnings(policy: Policy) -> list[str]:
         names = sorted(
             n
             for n in gpu_class.resource_names()
-            if n not in routed and not n.startswith(ROUTED_PREFIXES)
+            if n not in routed and not n.startswith((*ROUTED_PREFIXES, f"{SHIPPED_DOMAIN}/"))
         )
         names += [
             prefix + "*"

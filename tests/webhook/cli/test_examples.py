@@ -1,0 +1,77 @@
+"""Every example is what the docs say it is: checked through `gpuadm review` and
+`gpuadm check-config`, as a user would run them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from policies.backends import BACKENDS
+from tests.support import ROOT
+from webhook.cli import main
+
+BACKEND_EXAMPLES = ROOT / "examples" / "backends"
+BACKEND_POLICY = BACKEND_EXAMPLES / "policy.yaml"
+
+# What each backend's example pod is stored with: the resources its stack reads.
+STORED = {
+    "nvidia": {"nvidia.com/gpu": "1"},
+    "hami": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "50", "nvidia.com/gpumem": "40960"},
+    "gpu-manager": {"tencent.com/vcuda-core": "25", "tencent.com/vcuda-memory": "16"},
+    "gpushare": {"aliyun.com/gpu-mem": "8"},
+    "mig": {"nvidia.com/mig-3g.40gb": "1"},
+    "time-slicing": {"nvidia.com/gpu.shared": "1"},
+    "volcano": {
+        "volcano.sh/vgpu-number": "1",
+        "volcano.sh/vgpu-cores": "50",
+        "volcano.sh/vgpu-memory": "12288",
+    },
+    "qgpu": {"tke.cloud.tencent.com/qgpu-core": "50", "tke.cloud.tencent.com/qgpu-memory": "8"},
+    "cgpu": {"aliyun.com/gpu-mem": "8", "aliyun.com/gpu-core.percentage": "50"},
+    "mgpu": {"vke.volcengine.com/mgpu-core": "50", "vke.volcengine.com/mgpu-memory": "12288"},
+    "elastic-gpu": {"elasticgpu.com/gpu-core": "50", "elasticgpu.com/gpu-memory": "12288"},
+    "extended": {"example.com/npu-core": "250", "example.com/npu-memory": "8"},
+}
+
+
+def test_every_backend_has_an_example() -> None:
+    examples = {p.stem for p in BACKEND_EXAMPLES.glob("*.yaml")} - {"policy"}
+    assert examples == {backend.backend_name() for backend in BACKENDS}
+
+
+def test_the_backends_policy_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(BACKEND_POLICY)]) == 0
+    assert "ok: 1 policy and 0 quota config(s) are valid" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("backend", sorted(STORED))
+def test_each_backend_s_example_is_admitted_with_its_stack_s_resources(
+    backend: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    example = BACKEND_EXAMPLES / f"{backend}.yaml"
+    assert main(["review", str(example), "--policy", str(BACKEND_POLICY), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    resources = result["pod"]["spec"]["containers"][0]["resources"]
+    assert resources == {"limits": STORED[backend], "requests": STORED[backend]}
+
+
+def test_the_dra_example_gets_a_claim_from_a_template(capsys: pytest.CaptureFixture[str]) -> None:
+    example = BACKEND_EXAMPLES / "dra.yaml"
+    assert main(["review", str(example), "--policy", str(BACKEND_POLICY), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    (claim,) = result["pod"]["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"].startswith("gpuadm-h100-dra-1-")
+    (template,) = result["claimTemplates"]
+    assert template["metadata"]["name"] == claim["resourceClaimTemplateName"]
+
+
+@pytest.mark.parametrize(
+    "example", sorted(p.name for p in (ROOT / "examples" / "pods").glob("*.yaml"))
+)
+def test_the_pod_examples_are_admitted(example: str, capsys: pytest.CaptureFixture[str]) -> None:
+    path: Path = ROOT / "examples" / "pods" / example
+    policy, quotas = ROOT / "examples" / "policy.yaml", ROOT / "examples" / "quotas.yaml"
+    assert main(["review", str(path), "--policy", str(policy), "--quotas", str(quotas)]) == 0
+    assert "verdict: allowed" in capsys.readouterr().out
