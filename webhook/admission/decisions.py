@@ -79,47 +79,53 @@ async def mutate_under(
         return answer
     revisions = config.revisions
     try:
-        result = await _plan(request, config)
-        await _apply_guard(request, config, result.class_name)
-        gate = _should_gate(request, config, result, quota)
-        if gate is not None and not gate.allowed:
-            raise Denial(gate.message or "GPU quota exceeded")
-        if result.claim_templates and not request.dry_run:
-            await templates.ensure(request.namespace, result.claim_templates)
+        plan = await _plan(request, config)
+        await _apply_guard(request, config, plan.class_name)
+        verdict = _gate_verdict(request, config, plan, quota)
+        if verdict is not None and not verdict.allowed:
+            raise Denial(verdict.message or "GPU quota exceeded")
+        if plan.claim_templates and not request.dry_run:
+            await templates.ensure(request.namespace, plan.claim_templates)
     except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
-    if gate is not None:
+    if verdict is not None:
         # Whether the pod waits is for the validating judgement to say: a pod that fits is
         # charged there, and the leader removes its gate moments later.
         return Decision(
             "mutated",
-            warnings=result.warnings,
-            plan=result,
-            patch=[*result.patch, add_gate(request.object, gate_name(config.policy))],
+            warnings=plan.warnings,
+            plan=plan,
+            patch=[*plan.patch, add_gate(request.object, gate_name(config.policy))],
             revisions=revisions,
         )
-    outcome: Outcome = "mutated" if result.patch else "allowed"
+    outcome: Outcome = "mutated" if plan.patch else "allowed"
     return Decision(
         outcome,
-        warnings=result.warnings,
-        plan=result,
-        patch=result.patch,
+        warnings=plan.warnings,
+        plan=plan,
+        patch=plan.patch,
         revisions=revisions,
-        encoded_patch=result.patch_json,
+        encoded_patch=plan.patch_json,
     )
 
 
-def _should_gate(
+def _gate_verdict(
     request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
 ) -> QuotaVerdict | None:
+    """Say whether the pod gets gpuadm's scheduling gate (allowed), is refused because it
+    could never fit (not allowed), or neither (None): see `QuotaGate.should_gate`."""
     if plan.class_name is None:
         return None
     if not may_gate(request.object):
         return None
-    gate = quota.should_gate(request.namespace, plan, config)
-    if gate is not None and gate.allowed and is_gated(request.object, gate_name(config.policy)):
+    verdict = quota.should_gate(request.namespace, plan, config)
+    if (
+        verdict is not None
+        and verdict.allowed
+        and is_gated(request.object, gate_name(config.policy))
+    ):
         return None  # created with the gate already
-    return gate
+    return verdict
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,29 +178,29 @@ async def validate_under(
         # Before the fixed-point check: a pod the guard denies would only be denied again
         # after the retry that check asks for.
         await _apply_guard(request, config, planned.class_name)
-        result = require_fixed_point(planned)
+        plan = require_fixed_point(planned)
         await _check_named_claims(request, config, claims)
     except (Denial, ClaimError) as denial:
         return Decision("denied", denial.message, revisions=revisions)
-    if result.class_name is None:
-        return Decision("allowed", plan=result, revisions=revisions)
+    if plan.class_name is None:
+        return Decision("allowed", plan=plan, revisions=revisions)
     if config.quotas_missing is not None:
         # Never "no limits": until an admin gives a valid quota config, GPU pods wait.
         message = (
             f"gpuadm has no valid GPU quota config ({config.quotas_missing}), so it admits "
             "no GPU pods in this namespace until an admin fixes it; retry then"
         )
-        return Decision("denied", message, result.warnings, result, revisions=revisions)
-    verdict = await quota.admit(request, result, config)
+        return Decision("denied", message, plan.warnings, plan, revisions=revisions)
+    verdict = await quota.admit(request, plan, config)
     if verdict is None:
-        return Decision("allowed", "", result.warnings, plan=result, revisions=revisions)
-    warnings = (*result.warnings, *verdict.warnings)
+        return Decision("allowed", "", plan.warnings, plan=plan, revisions=revisions)
+    warnings = (*plan.warnings, *verdict.warnings)
     if not verdict.allowed:
         message = verdict.message or "GPU quota exceeded"
-        return Decision("denied", message, warnings, result, quota=verdict, revisions=revisions)
-    kind: Outcome = "queued" if verdict.queued else "warned" if verdict.warnings else "allowed"
+        return Decision("denied", message, warnings, plan, quota=verdict, revisions=revisions)
+    outcome: Outcome = "queued" if verdict.queued else "warned" if verdict.warnings else "allowed"
     return Decision(
-        kind, verdict.message or "", warnings, result, quota=verdict, revisions=revisions
+        outcome, verdict.message or "", warnings, plan, quota=verdict, revisions=revisions
     )
 
 

@@ -73,13 +73,13 @@ def _review(
 
 def fit_warnings(warnings: Sequence[str]) -> list[str]:
     """Shorten warnings to what the apiserver passes on, marking what was cut."""
-    kept: list[str] = []
+    fitted: list[str] = []
     used = 0
     for warning in warnings:
         text = warning if len(warning) <= ONE_WARNING_MAX else warning[: ONE_WARNING_MAX - 1] + "…"
         if used + len(text) > WARNINGS_BUDGET:
-            kept.append(f"{len(warnings) - len(kept)} more warnings were left out")
+            fitted.append(f"{len(warnings) - len(fitted)} more warnings were left out")
             break
-        kept.append(text)
+        fitted.append(text)
         used += len(text)
-    return kept
+    return fitted
