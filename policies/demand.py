@@ -7,7 +7,7 @@ Nothing is rewritten here; `rewrite.plan` does that from the `PodDemand` this re
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, NamedTuple
@@ -17,6 +17,7 @@ from policies.class_base import ClassBase
 from policies.dra_templates import entry_name, is_entry_name, parse_template_name
 from policies.errors import Denial
 from policies.pod_shape import clipped, shown
+from policies.pod_view import ContainerView, PodView
 from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
 
@@ -98,27 +99,20 @@ class _Found:
     claimed: ClaimedDevices | None = None
 
 
-def iter_containers(pod: Mapping[str, Any]) -> Iterator[tuple[ContainerRef, Mapping[str, Any]]]:
-    """Yield every init container, sidecar and app container with where it sits."""
-    spec = pod.get("spec") or {}
-    for kind in ("initContainers", "containers"):
-        for index, container in enumerate(spec.get(kind) or ()):
-            if not isinstance(container, Mapping):
-                continue
-            sidecar = kind == "initContainers" and container.get("restartPolicy") == "Always"
-            yield ContainerRef(kind, index, str(container.get("name", index)), sidecar), container
+def container_ref(container: ContainerView) -> ContainerRef:
+    """Return where an init container, sidecar or app container sits, and its name."""
+    kind: ContainerKind = "containers" if container.kind == "containers" else "initContainers"
+    name = str(container.name) if container.named else str(container.position)
+    return ContainerRef(kind, container.position, name, container.sidecar)
 
 
 def read_demand(
-    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+    pod: PodView, policy: Policy, *, namespace_default_class: str | None = None
 ) -> PodDemand | None:
-    """Return the pod's GPU demand, None if it asks for no GPU, or raise `Denial`."""
-    templates = _gpuadm_entries(pod, policy)
-    found = [
-        item
-        for item in (_scan(ref, c, policy, templates) for ref, c in iter_containers(pod))
-        if item
-    ]
+    """Return the demand of a pod that passed `check_pod`, None if it asks for no GPU, or
+    raise `Denial`."""
+    templates = _gpuadm_entries(pod.resource_claims, policy)
+    found = [item for item in (_scan(c, policy, templates) for c in pod.containers) if item]
     listed = {item.claimed.entry for item in found if item.claimed is not None}
     for entry in templates.keys() - listed:
         # The scheduler allocates every claim of the pod, listed by a container or not.
@@ -129,14 +123,14 @@ def read_demand(
         )
     if not found:
         return None
-    class_name = _pod_class(pod, found, policy, namespace_default_class)
+    class_name = _pod_class(pod.annotations, found, policy, namespace_default_class)
     gpu_class = policy.classes[class_name]
     containers = tuple(_container_demand(item, class_name, gpu_class, policy) for item in found)
     gpu_class.check_containers(class_name, [str(c.ref) for c in containers])
     return PodDemand(class_name, gpu_class, containers)
 
 
-def _gpuadm_entries(pod: Mapping[str, Any], policy: Policy) -> dict[str, str]:
+def _gpuadm_entries(claims: Sequence[Any], policy: Policy) -> dict[str, str]:
     """Return the pod's `spec.resourceClaims` entries that are gpuadm's: name to template.
 
     An entry is gpuadm's by its name (`gpuadm-c0`, ...) or by its template's: either without
@@ -144,7 +138,7 @@ def _gpuadm_entries(pod: Mapping[str, Any], policy: Policy) -> dict[str, str]:
     for, or a claim of its own under gpuadm's name.
     """
     entries: dict[str, str] = {}
-    for entry in (pod.get("spec") or {}).get("resourceClaims") or ():
+    for entry in claims:
         name = entry.get("name") or ""
         template = entry.get("resourceClaimTemplateName")
         ours = isinstance(template, str) and parse_template_name(template) is not None
@@ -164,30 +158,38 @@ def _gpuadm_entries(pod: Mapping[str, Any], policy: Policy) -> dict[str, str]:
     return entries
 
 
-def _scan(
-    ref: ContainerRef, container: Mapping[str, Any], policy: Policy, templates: dict[str, str]
-) -> _Found | None:
-    resources = container.get("resources") or {}
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
+def _scan(container: ContainerView, policy: Policy, templates: dict[str, str]) -> _Found | None:
+    limits = container.limits
+    requests = container.requests
     found: _Found | None = None
-    claimed = _claimed(ref, resources.get("claims"), policy, templates)
-    if claimed is not None:
-        found = _Found(ref, claimed=claimed)
-    for key in (*limits, *(k for k in requests if k not in limits)):
+    # Most containers ask for no GPU: where one sits is worked out only for those that do.
+    claims = container.resources.get("claims")
+    if claims:
+        ref = container_ref(container)
+        claimed = _claimed(ref, claims, policy, templates)
+        if claimed is not None:
+            found = _Found(ref, claimed=claimed)
+    keys = limits if requests.keys() <= limits.keys() else _keys(limits, requests)
+    for key in keys:
         kind = policy.resource_kind(key)
         if kind.role is ResourceRole.OTHER:
             continue
+        found = found or _Found(container_ref(container))
+        ref = found.ref
         if kind.role is ResourceRole.UNKNOWN_CLASS:
             known = ", ".join(sorted(policy.classes))
             raise Denial(f"{ref}: {key} names no GPU class (classes: {known})")
         value, amount = _agreed_value(ref, key, limits, requests)
-        found = found or _Found(ref)
         if kind.key is not None:
             found.class_values[key] = ClassValue(key, kind.key, amount, value)
         elif amount != 0:
             found.raw[key] = amount
     return found if found and (found.class_values or found.raw or found.claimed) else None
+
+
+def _keys(limits: Mapping[str, Any], requests: Mapping[str, Any]) -> list[str]:
+    """Return the keys of limits, then those set in requests only."""
+    return [*limits, *(key for key in requests if key not in limits)]
 
 
 def _claimed(
@@ -241,7 +243,10 @@ def _quantity(ref: ContainerRef, key: str, value: object) -> Fraction:
 
 
 def _pod_class(
-    pod: Mapping[str, Any], found: list[_Found], policy: Policy, namespace_default: str | None
+    annotations: Mapping[str, Any],
+    found: list[_Found],
+    policy: Policy,
+    namespace_default: str | None,
 ) -> str:
     named: dict[str, ContainerRef] = {}
     for item in found:
@@ -252,7 +257,6 @@ def _pod_class(
     if len(named) > 1:
         where = ", ".join(f"{name} in {ref}" for name, ref in sorted(named.items()))
         raise Denial(f"the pod asks for two GPU classes ({where}); a pod uses one class")
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
     annotated = annotations.get(policy.class_annotation)
     if annotated is not None and annotated not in policy.classes:
         raise Denial(
@@ -368,7 +372,7 @@ def effective_demand(charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:
     running: Fraction | int = 0
     sidecars: Fraction | int = 0
     largest_step: Fraction | int = 0
-    # `iter_containers` yields init containers first, each list in order.
+    # A pod view holds init containers first, each list in order.
     for ref, charge in charges:
         if ref.kind == "containers":
             running += charge

@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 from policies.dra_templates import parse_template_name
 from policies.errors import Denial
 from policies.pod_shape import clipped, shown
+from policies.pod_view import ContainerView, PodView, as_view, view_containers
 from policies.policy import Guard, Policy, ResourceRole
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -99,7 +100,7 @@ class Violation(NamedTuple):
         return f"{self.where}: {self.field} {self.reason} (allowed only with {switch}: false)"
 
 
-def check_guard(pod: Mapping[str, Any], policy: Policy, class_name: str | None) -> None:
+def check_guard(pod: Mapping[str, Any] | PodView, policy: Policy, class_name: str | None) -> None:
     """Refuse a pod that reaches GPUs outside its resources; raise `Denial` naming each way.
 
     `class_name` is the pod's GPU class as `plan` found it, None for a pod without GPU
@@ -107,19 +108,19 @@ def check_guard(pod: Mapping[str, Any], policy: Policy, class_name: str | None) 
     in a pod of a class that names a limiter (`hami`, `volcano`).
     """
     guard = policy.guard
-    spec = _mapping(pod.get("spec"))
+    view = as_view(pod)
     stack = _stack(policy, class_name) if guard.isolation_switches else None
     violations = [
         violation
-        for kind, container in _containers(spec)
+        for container in view.all_containers
         for violation in _container_violations(
-            kind, container, policy, stack=stack, gpu_pod=class_name is not None
+            container, policy, stack=stack, gpu_pod=class_name is not None
         )
     ]
     if guard.dev_host_path or guard.device_dir_host_path:
-        violations += _host_path_violations(spec, guard)
+        violations += _host_path_violations(view, guard)
     if guard.allocation_annotations:
-        violations += _brought_annotations(pod)
+        violations += _brought_annotations(view.annotations)
     _refuse(violations, guard)
 
 
@@ -141,8 +142,8 @@ def check_added_containers(old: Mapping[str, Any], new: Mapping[str, Any], polic
     spec = _mapping(new.get("spec"))
     added = [
         container
-        for container in _list(spec.get("ephemeralContainers"))
-        if isinstance(container, Mapping) and not _named_in(container, known)
+        for container in view_containers(spec.get("ephemeralContainers"), "ephemeralContainers")
+        if not (isinstance(container.name, str) and container.name in known)
     ]
     if not added:
         return
@@ -150,9 +151,7 @@ def check_added_containers(old: Mapping[str, Any], new: Mapping[str, Any], polic
     violations = [
         violation
         for container in added
-        for violation in _container_violations(
-            "ephemeralContainers", container, policy, stack=None, gpu_pod=gpu_pod
-        )
+        for violation in _container_violations(container, policy, stack=None, gpu_pod=gpu_pod)
     ]
     _refuse(violations, guard)
 
@@ -196,14 +195,14 @@ def _refuse(violations: list[Violation], guard: Guard) -> None:
 
 
 def _container_violations(
-    kind: str, container: Mapping[str, Any], policy: Policy, *, stack: str | None, gpu_pod: bool
+    container: ContainerView, policy: Policy, *, stack: str | None, gpu_pod: bool
 ) -> Iterator[Violation]:
     """Yield the env, mount and privilege violations of one container."""
     guard = policy.guard
     if guard.visible_devices_env or stack is not None:
         # Decoded JSON holds dicts; `dict` is checked much faster than `Mapping`, and a pod
         # may carry tens of thousands of env entries.
-        env = _list(container.get("env"))
+        env = container.env
         if stack is None:
             # Only NVIDIA_VISIBLE_DEVICES can break a rule: pick its entries out in one pass.
             env = [e for e in env if isinstance(e, dict) and e.get("name") == VISIBLE_DEVICES]
@@ -214,7 +213,7 @@ def _container_violations(
             if name == VISIBLE_DEVICES:
                 if guard.visible_devices_env and (field := _gives_devices(entry)):
                     yield Violation(
-                        _where(kind, container),
+                        _where(container),
                         field,
                         "may give it GPUs that its resources do not hold; set it to void or "
                         "none, or ask for GPUs in resources",
@@ -228,15 +227,15 @@ def _container_violations(
                 switched = _switches_isolation(entry, name, stack)
                 if switched is not None:
                     yield Violation(
-                        _where(kind, container), switched[0], switched[1], "isolation_switches"
+                        _where(container), switched[0], switched[1], "isolation_switches"
                     )
-    if stack is not None and container.get("envFrom") and _asks_gpus(container, policy):
-        yield from _env_from_violations(kind, container, stack)
+    if stack is not None and container.env_from and _asks_gpus(container, policy):
+        yield from _env_from_violations(container, stack)
     if guard.device_list_mounts:
-        yield from _device_list_mounts(kind, container)
-    if gpu_pod and guard.privileged_gpu_containers and _privileged(container):
+        yield from _device_list_mounts(container)
+    if gpu_pod and guard.privileged_gpu_containers and container.privileged:
         yield Violation(
-            _where(kind, container),
+            _where(container),
             "securityContext.privileged=true",
             "in a GPU pod sees every GPU of the node, not only the pod's; drop privileged",
             "privileged_gpu_containers",
@@ -293,20 +292,18 @@ def _switches_isolation(entry: Mapping[str, Any], name: str, stack: str) -> tupl
     return shown, reason
 
 
-def _env_from_violations(
-    kind: str, container: Mapping[str, Any], stack: str
-) -> Iterator[Violation]:
+def _env_from_violations(container: ContainerView, stack: str) -> Iterator[Violation]:
     """Yield a violation for each `envFrom` source that may set an isolation variable.
 
     Its ConfigMap or Secret is not in the pod, and may change after admission, so only its
     `prefix` tells: one that no isolation variable starts with cannot produce one.
     """
-    for index, source in enumerate(_list(container.get("envFrom"))):
+    for index, source in enumerate(container.env_from):
         prefix = _mapping(source).get("prefix")
         if isinstance(prefix, str) and prefix and not _may_produce_isolation_name(prefix):
             continue
         yield Violation(
-            _where(kind, container),
+            _where(container),
             f"envFrom[{index}] ({_source_name(source)})",
             f"may set {stack}'s limiter variables (GPU_CORE_UTILIZATION_POLICY, "
             "CUDA_DEVICE_MEMORY_LIMIT, ...) from a ConfigMap or Secret gpuadm cannot read; "
@@ -331,13 +328,13 @@ def _source_name(source: object) -> str:
     return "a source gpuadm cannot read"
 
 
-def _device_list_mounts(kind: str, container: Mapping[str, Any]) -> Iterator[Violation]:
+def _device_list_mounts(container: ContainerView) -> Iterator[Violation]:
     """Yield a violation for each mount the toolkit would read as a device list."""
-    for index, mount in enumerate(_list(container.get("volumeMounts"))):
+    for index, mount in enumerate(container.volume_mounts):
         path = _mapping(mount).get("mountPath")
         if isinstance(path, str) and _names_device_list(path):
             yield Violation(
-                _where(kind, container),
+                _where(container),
                 f"volumeMounts[{index}].mountPath={_shown(path)}",
                 "names GPUs to the NVIDIA Container Toolkit's volume-mounts device list, "
                 "which gives them to the container outside its resources; mount it elsewhere, "
@@ -354,10 +351,10 @@ def _names_device_list(path: str) -> bool:
     return ("/" + "/".join(_parts(path))).startswith(DEVICE_LIST_ROOT)
 
 
-def _host_path_violations(spec: Mapping[str, Any], guard: Guard) -> list[Violation]:
+def _host_path_violations(pod: PodView, guard: Guard) -> list[Violation]:
     """Return a violation for each hostPath volume that holds the node's GPU device files."""
     found = []
-    for index, volume in enumerate(_list(spec.get("volumes"))):
+    for index, volume in enumerate(pod.volumes):
         path = _mapping(_mapping(volume).get("hostPath")).get("path")
         if not isinstance(path, str):
             continue
@@ -367,7 +364,7 @@ def _host_path_violations(spec: Mapping[str, Any], guard: Guard) -> list[Violati
             found.append((index, _mapping(volume).get("name"), path, "device_dir_host_path"))
     if not found:
         return []
-    mounts = _mounting_containers(spec, {name for _, name, _, _ in found if isinstance(name, str)})
+    mounts = _mounting_containers(pod, {name for _, name, _, _ in found if isinstance(name, str)})
     violations = []
     for index, name, path, rule in found:
         where = f'volume "{_shown(name)}"'
@@ -423,9 +420,8 @@ def _holds_device_dir(path: str) -> bool:
     )
 
 
-def _brought_annotations(pod: Mapping[str, Any]) -> list[Violation]:
+def _brought_annotations(annotations: Mapping[str, Any]) -> list[Violation]:
     """Return a violation for each allocation annotation a new pod brings."""
-    annotations = _annotations(pod)
     return [
         Violation(
             "the pod",
@@ -443,24 +439,24 @@ def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
     return _mapping(_mapping(pod.get("metadata")).get("annotations"))
 
 
-def _asks_gpus(container: Mapping[str, Any], policy: Policy) -> bool:
+def _asks_gpus(container: ContainerView, policy: Policy) -> bool:
     """Tell whether a container's resources name a GPU resource the policy knows."""
     return any(
         policy.resource_kind(key).role is not ResourceRole.OTHER
-        for side in ("limits", "requests")
-        for key in _mapping(_mapping(container.get("resources")).get(side))
+        for side in (container.limits, container.requests)
+        for key in side
         if isinstance(key, str)
     )
 
 
-def _mounting_containers(spec: Mapping[str, Any], volumes: set[str]) -> dict[str, list[str]]:
+def _mounting_containers(pod: PodView, volumes: set[str]) -> dict[str, list[str]]:
     """Return, for each of the volumes, the containers that mount it."""
     mounters: dict[str, list[str]] = {}
-    for kind, container in _containers(spec):
-        for mount in _list(container.get("volumeMounts")):
+    for container in pod.all_containers:
+        for mount in container.volume_mounts:
             name = _mapping(mount).get("name")
             if isinstance(name, str) and name in volumes:
-                mounters.setdefault(name, []).append(_where(kind, container))
+                mounters.setdefault(name, []).append(_where(container))
     return mounters
 
 
@@ -495,29 +491,10 @@ def _stack(policy: Policy, class_name: str | None) -> str | None:
 _ABSENT = object()
 
 
-def _named_in(container: Mapping[str, Any], names: set[str]) -> bool:
-    name = container.get("name")
-    return isinstance(name, str) and name in names
-
-
-def _privileged(container: Mapping[str, Any]) -> bool:
-    return _mapping(container.get("securityContext")).get("privileged") is True
-
-
-def _containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """Yield (kind, container) for every container, init container and ephemeral container."""
-    for kind in CONTAINER_KINDS:
-        for container in _list(spec.get(kind)):
-            if isinstance(container, Mapping):
-                yield kind, container
-
-
-def _where(kind: str, container: Mapping[str, Any]) -> str:
+def _where(container: ContainerView) -> str:
     """Name a container as the user knows it: `init container "setup"`."""
-    label = CONTAINER_KINDS[kind]
-    if kind == "initContainers" and container.get("restartPolicy") == "Always":
-        label = "sidecar"
-    return f'{label} "{_shown(container.get("name"))}"'
+    label = "sidecar" if container.sidecar else CONTAINER_KINDS[container.kind]
+    return f'{label} "{_shown(container.name)}"'
 
 
 def _shown(value: object) -> str:

@@ -21,6 +21,7 @@ from policies.dra_templates import ClaimTemplate, entry_name, is_entry_name
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import REQUIRED, check_metadata, check_pod, shown
+from policies.pod_view import PodView, view_pod
 from policies.policy import Policy
 from policies.quantity import format_amount, parse_quantity
 
@@ -66,9 +67,11 @@ def plan(
 ) -> Plan:
     """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid."""
     check_pod(pod)
-    demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
+    view = view_pod(pod)
+    demand = read_demand(view, policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return NO_GPU
+    resources_of = {(c.kind, c.position): c.resources for c in view.containers}
     warnings: list[str] = []
     charges = []
     patch: Patch = []
@@ -81,17 +84,16 @@ def plan(
         if grant.devices:
             entry = entry_name(container.ref.kind, container.ref.index)
             templates[entry] = _claim_template(demand, grant.devices)
-        resources = _container(pod, container).get("resources") or {}
+        resources = resources_of[container.ref.kind, container.ref.index]
         rewritten = _rewrite_resources(resources, container, grant, entry)
         if rewritten != resources:
             patch.append(_add(f"{container.ref.path}/resources", rewritten))
     charge = _pod_charge(demand, charges)
-    spec = pod.get("spec") or {}
-    _check_scheduler(spec, demand)
-    warnings += _check_device_choice(pod, policy, demand.class_name)
-    patch += _metadata_ops(pod, policy, demand, charge)
-    patch += _spec_ops(spec, demand.gpu_class)
-    patch += _claim_ops(spec, templates)
+    _check_scheduler(view, demand)
+    warnings += _check_device_choice(view, policy, demand.class_name)
+    patch += _metadata_ops(view, policy, demand, charge)
+    patch += _spec_ops(view, demand.gpu_class)
+    patch += _claim_ops(view, templates)
     demand_text = f"{demand.class_name}={format_amount(charge)}"
     return Plan(
         demand.class_name,
@@ -178,7 +180,7 @@ def pod_charge(
 ) -> tuple[str, Fraction] | None:
     """Return (class, GPUs) a pod holds by its resources, or None; raise `Denial` if invalid."""
     check_pod(pod)
-    demand = read_demand(pod, policy, namespace_default_class=namespace_default_class)
+    demand = read_demand(view_pod(pod), policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return None
     charges = [(c.ref, _grant(c, demand).charge) for c in demand.containers]
@@ -215,11 +217,6 @@ def _integers(raw: Mapping[str, Fraction]) -> dict[str, int]:
     return {name: int(amount) for name, amount in raw.items()}
 
 
-def _container(pod: Mapping[str, Any], container: ContainerDemand) -> Mapping[str, Any]:
-    containers: list[Mapping[str, Any]] = pod["spec"][container.ref.kind]
-    return containers[container.ref.index]
-
-
 def _rewrite_resources(
     resources: Mapping[str, Any], container: ContainerDemand, grant: Grant, entry: str | None
 ) -> dict[str, Any]:
@@ -249,12 +246,12 @@ def _rewrite_resources(
     return rewritten
 
 
-def _claim_ops(spec: Mapping[str, Any], templates: Mapping[str, ClaimTemplate]) -> Patch:
+def _claim_ops(pod: PodView, templates: Mapping[str, ClaimTemplate]) -> Patch:
     """Name each container's template under its entry of `spec.resourceClaims`.
 
     The pod's own entries stay, in their order; gpuadm's follow, in container order.
     """
-    current = list(spec.get("resourceClaims") or ())
+    current = list(pod.resource_claims)
     wanted = [c for c in current if not is_entry_name(c.get("name") or "")] + [
         {"name": entry, "resourceClaimTemplateName": template.name}
         for entry, template in templates.items()
@@ -269,31 +266,31 @@ def _amount_or_none(value: object) -> Fraction | None:
         return None
 
 
-def _check_scheduler(spec: Mapping[str, Any], demand: PodDemand) -> None:
+def _check_scheduler(pod: PodView, demand: PodDemand) -> None:
     wanted = demand.gpu_class.scheduler
     if wanted is None:
         return
-    named = spec.get("schedulerName")
+    named = pod.scheduler_name
     if named not in (None, "", DEFAULT_SCHEDULER, wanted):
         raise Denial(
             f"class {demand.class_name} is scheduled by {wanted!r}, but the pod names "
             f"schedulerName {shown(named)}; remove schedulerName or set it to {wanted!r}"
         )
-    if spec.get("nodeName"):
+    if pod.node_name:
         raise Denial(
             f"class {demand.class_name} is placed by the scheduler {wanted!r}, but the pod sets "
-            f"nodeName {shown(spec['nodeName'])}, which bypasses it; remove nodeName"
+            f"nodeName {shown(pod.node_name)}, which bypasses it; remove nodeName"
         )
 
 
-def _check_device_choice(pod: Mapping[str, Any], policy: Policy, class_name: str) -> list[str]:
+def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[str]:
     """Check the annotations with which a pod would choose its own devices; return notes.
 
     They are gpuadm's to write: one the class writes is replaced by the class's value, and a
     note tells the user so; one it does not write is refused, since it would steer the stack
     around the class.
     """
-    brought = (pod.get("metadata") or {}).get("annotations") or {}
+    brought = pod.annotations
     written = policy.backend_annotations(class_name)
     notes = []
     for key in DEVICE_CHOICE_ANNOTATIONS:
@@ -313,18 +310,15 @@ def _check_device_choice(pod: Mapping[str, Any], policy: Policy, class_name: str
     return notes
 
 
-def _metadata_ops(
-    pod: Mapping[str, Any], policy: Policy, demand: PodDemand, charge: Fraction
-) -> Patch:
-    metadata = pod.get("metadata") or {}
+def _metadata_ops(pod: PodView, policy: Policy, demand: PodDemand, charge: Fraction) -> Patch:
     annotations = {
         policy.class_annotation: demand.class_name,
         policy.demand_annotation: f"{demand.class_name}={format_amount(charge)}",
         **policy.backend_annotations(demand.class_name),
     }
     labels = {policy.class_annotation: demand.class_name}
-    return _map_ops("/metadata/annotations", metadata.get("annotations"), annotations) + _map_ops(
-        "/metadata/labels", metadata.get("labels"), labels
+    return _map_ops("/metadata/annotations", pod.annotations, annotations) + _map_ops(
+        "/metadata/labels", pod.labels, labels
     )
 
 
@@ -338,16 +332,16 @@ def _map_ops(path: str, current: Mapping[str, str] | None, wanted: Mapping[str, 
     ]
 
 
-def _spec_ops(spec: Mapping[str, Any], gpu_class: ClassBase) -> Patch:
+def _spec_ops(pod: PodView, gpu_class: ClassBase) -> Patch:
     patch: Patch = []
     scheduler = gpu_class.scheduler
-    if scheduler is not None and spec.get("schedulerName") != scheduler:
+    if scheduler is not None and pod.scheduler_name != scheduler:
         patch.append(_add("/spec/schedulerName", scheduler))
     if gpu_class.node_expressions:
-        affinity = _with_node_affinity(spec.get("affinity") or {}, gpu_class.node_expressions)
-        if affinity != (spec.get("affinity") or {}):
+        affinity = _with_node_affinity(pod.affinity, gpu_class.node_expressions)
+        if affinity != pod.affinity:
             patch.append(_add("/spec/affinity", affinity))
-    current = list(spec.get("tolerations") or [])
+    current = list(pod.tolerations)
     missing = [t for t in gpu_class.toleration_fields if t not in current]
     if missing:
         patch.append(_add("/spec/tolerations", current + missing))
