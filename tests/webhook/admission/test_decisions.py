@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import orjson
 import pytest
 
 from policies.dra_templates import ClaimTemplate
-from tests.builders import POLICY_YAML, QUOTAS_YAML, pod
+from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from webhook.admission import decisions
 from webhook.admission.decision import Decision
 from webhook.claims.lookup import NoClaims
@@ -26,7 +27,7 @@ from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
-from webhook.reviews.request import AdmissionRequest, Operation
+from webhook.reviews.request import AdmissionRequest, Operation, decode_review
 
 TRUSTED = "system:serviceaccount:gpuadm-system:gpuadm"
 DRA_POLICY_YAML = (
@@ -52,27 +53,11 @@ def holder(policy: str = POLICY_YAML) -> ConfigHolder:
 
 
 def request(
-    obj: dict[str, Any] | None,
-    *,
-    operation: Operation = "CREATE",
-    namespace: str = "team-x",
-    old: dict[str, Any] | None = None,
-    user: str = "alice",
-    kind: str = "Pod",
-    dry_run: bool = False,
+    obj: dict[str, Any] | None, *, kind: str = "Pod", dry_run: bool = False, **fields: Any
 ) -> AdmissionRequest:
-    return AdmissionRequest(
-        uid="uid-1",
-        operation=operation,
-        namespace=namespace,
-        name="p",
-        object=obj or {},
-        old_object=old,
-        dry_run=dry_run,
-        user=user,
-        groups=("system:authenticated",),
-        kind=kind,
-    )
+    """The request of a review built as the apiserver sends it (`tests.builders.review`)."""
+    decoded = decode_review(orjson.dumps(review(obj, uid="uid-1", **fields)))
+    return dataclasses.replace(decoded, kind=kind, dry_run=dry_run)
 
 
 async def mutate(
