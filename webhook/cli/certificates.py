@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
@@ -39,6 +42,13 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         flags.add_tls_target(action)
         if name == "show":
             action.add_argument("--dir", type=Path, help="read files from DIR, not the cluster")
+            action.add_argument(
+                "-o",
+                "--output",
+                choices=["text", "wide", "json", "yaml"],
+                default="text",
+                help="text (default; wide is the same), json or yaml",
+            )
 
 
 def target_of(args: argparse.Namespace) -> TLSTarget:
@@ -105,8 +115,9 @@ def _show_files(directory: Path, args: argparse.Namespace, now: datetime) -> Exi
                 raise CommandError(f"cannot read {path}: no such file") from None
         except OSError as error:
             raise CommandError(f"cannot read {path}: {error.strerror or error}") from None
-    problems = _check_material(files, _host(args), now)
-    return _verdict(problems)
+    shown = Shown()
+    problems = _check_material(files, _host(args), now, shown)
+    return _verdict(shown, problems, args.output)
 
 
 def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCode:
@@ -117,7 +128,8 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCo
         print(f"no Secret {args.gpuadm_namespace}/{args.tls_secret}; run `gpuadm certs install`")
         return ExitCode.REFUSED
     data = secret_data(secret)
-    problems = _check_material(data, _host(args), now)
+    shown = Shown()
+    problems = _check_material(data, _host(args), now, shown)
     for kind in WEBHOOK_KINDS:
         configuration = kube.get_webhook_configuration(kind, args.webhook_configuration)
         if configuration is None:
@@ -130,12 +142,16 @@ def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCo
             except ValueError:
                 bundle = b""
             count = bundle.count(b"BEGIN CERTIFICATE")
-            print(f"{kind} webhook {webhook['name']}: caBundle holds {count} CA certificate(s)")
+            shown.add(
+                f"{kind} webhook {webhook['name']}: caBundle holds {count} CA certificate(s)",
+                "webhooks",
+                {"kind": kind, "name": webhook["name"], "caCertificates": count},
+            )
             if "tls.crt" in data:
                 problem = _chain_problem(data["tls.crt"], bundle, _host(args), now)
                 if problem:
                     problems.append(f"{kind} webhook {webhook['name']}: its caBundle {problem}")
-    return _verdict(problems)
+    return _verdict(shown, problems, args.output)
 
 
 def _host(args: argparse.Namespace) -> str:
@@ -143,7 +159,22 @@ def _host(args: argparse.Namespace) -> str:
     return f"{args.service}.{args.gpuadm_namespace}.svc"
 
 
-def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[str]:
+class Shown:
+    """What `certs show` found, as text lines and as fields for -o json|yaml."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self.fields: dict[str, Any] = {}
+
+    def add(self, line: str, key: str, value: Any) -> None:
+        self.lines.append(line)
+        if key == "webhooks":
+            self.fields.setdefault(key, []).append(value)
+        else:
+            self.fields[key] = value
+
+
+def _check_material(data: dict[str, bytes], host: str, now: datetime, shown: Shown) -> list[str]:
     """Print the serving certificate and the CA; return what is wrong with them: a key that
     is not the certificate's, a serving certificate the CA did not sign or that does not
     name `host`, an expired certificate."""
@@ -160,13 +191,22 @@ def _check_material(data: dict[str, bytes], host: str, now: datetime) -> list[st
                 material = load_certified_key(data[cert], data[key])
             else:
                 material = CertifiedKey(cert_pem=data[cert], key_pem=b"")
-            shown = describe(material)
+            described = describe(material)
         except ValueError as error:  # KeyMismatchError too
             problems.append(f"{label}: {cert} and {key}: {error}")
             continue
         if material.not_after <= now:
             problems.append(f"{label}: expired at {material.not_after.isoformat()}")
-        print(f"{label}: {shown}{_due(data[cert], now)}")
+        due = _renewal_due(data[cert], now)
+        shown.add(
+            f"{label}: {described}{' (renewal due)' if due else ''}",
+            "serving" if label == "serving" else "ca",
+            {
+                "certificate": described,
+                "notAfter": material.not_after.isoformat(),
+                "renewalDue": due,
+            },
+        )
     if "tls.crt" in data and "ca.crt" in data:
         problem = _chain_problem(data["tls.crt"], data["ca.crt"], host, now)
         if problem:
@@ -187,16 +227,25 @@ def _chain_problem(serving: bytes, bundle: bytes, host: str, now: datetime) -> s
     return ""
 
 
-def _verdict(problems: list[str]) -> ExitCode:
+def _verdict(shown: Shown, problems: list[str], output: str) -> ExitCode:
+    code = ExitCode.REFUSED if problems else ExitCode.OK
+    if output in ("json", "yaml"):
+        result = {**shown.fields, "valid": not problems, "problems": problems}
+        if output == "json":
+            print(json.dumps(result, indent=2))
+        else:
+            print(yaml.safe_dump(result, sort_keys=False).rstrip())
+        return code
+    for line in shown.lines:
+        print(line)
     for problem in problems:
         print(f"problem: {problem}")
-    if problems:
-        return ExitCode.REFUSED
-    print("ok: the key pairs match, the CA signed the serving certificate, none has expired")
-    return ExitCode.OK
+    if not problems:
+        print("ok: the key pairs match, the CA signed the serving certificate, none has expired")
+    return code
 
 
-def _due(cert_pem: bytes, now: datetime) -> str:
+def _renewal_due(cert_pem: bytes, now: datetime) -> bool:
     from certs import renewal_due
 
-    return " (renewal due)" if renewal_due(cert_pem, now=now) else ""
+    return renewal_due(cert_pem, now=now)

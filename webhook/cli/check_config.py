@@ -9,6 +9,7 @@ keys, as the kind they match best, and the check says so.
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -51,6 +52,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     check.add_argument("files", nargs="*", help="files to check; - for stdin")
     check.add_argument("--policy", action="append", default=[], help="a policy file")
     check.add_argument("--quotas", action="append", default=[], help="a quotas file")
+    check.add_argument(
+        "-o",
+        "--output",
+        choices=["text", "wide", "json", "yaml"],
+        default="text",
+        help="text (default; wide is the same), or json or yaml: the problems, warnings and "
+        "notes as lists",
+    )
     check.set_defaults(run=run)
 
 
@@ -116,6 +125,21 @@ def run(args: argparse.Namespace) -> ExitCode:
                 )
         for warning in [*policy_warnings(policy), *routing_warnings(policy)]:
             found.warnings.append(f"{_at(policy_part, warning)}: {warning}")
+    valid = bool(found.parts) and not found.problems
+    if args.output in ("json", "yaml"):
+        result = {
+            "valid": valid,
+            "policies": [part.source for part, _ in policies],
+            "quotas": [part.source for part, _ in quotas],
+            "problems": found.problems,
+            "warnings": found.warnings,
+            "notes": found.notes,
+        }
+        if args.output == "json":
+            print(json.dumps(result, indent=2))
+        else:
+            print(yaml.safe_dump(result, sort_keys=False).rstrip())
+        return ExitCode.OK if valid else ExitCode.REFUSED
     for note in found.notes:
         print(f"note: {note}")
     for problem in found.problems:

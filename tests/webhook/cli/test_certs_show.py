@@ -119,3 +119,30 @@ def test_files_are_checked_the_same_way(tmp_path: Path, capsys: pytest.CaptureFi
     capsys.readouterr()
     assert main(["certs", "show", "--dir", str(tmp_path / "a")]) == 1
     assert "problem: ca.crt does not vouch for the serving certificate" in capsys.readouterr().out
+
+
+def test_the_webhooks_are_listed_in_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    ca = new_ca(now=NOW)
+    serving = new_serving_cert(ca, dns_names=NAMES, now=NOW)
+    with fake_apiserver() as apiserver:
+        base = "/apis/admissionregistration.k8s.io/v1"
+        apiserver.objects.update(
+            {
+                "/api/v1/namespaces/gpuadm-system/secrets/gpuadm-tls": _secret(ca, serving),
+                f"{base}/mutatingwebhookconfigurations/gpuadm": _webhooks(
+                    "MutatingWebhookConfiguration", ca.cert_pem
+                ),
+                f"{base}/validatingwebhookconfigurations/gpuadm": _webhooks(
+                    "ValidatingWebhookConfiguration", ca.cert_pem
+                ),
+            }
+        )
+        kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+        assert main(["certs", "show", "--kubeconfig", str(kubeconfig), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert [w["caCertificates"] for w in result["webhooks"]] == [1, 1]
+    assert result["valid"] is True

@@ -153,3 +153,33 @@ def test_no_shipped_manifest_uses_the_old_spelling() -> None:
         text = path.read_text()
         assert "- --namespace\n" not in text, path
         assert "serve --namespace" not in text, path
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_check_config_speaks_json_and_yaml(
+    output: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("namespaces:\n  team-a:\n    t4: 1.5Gi\n")
+    assert main(["check-config", POLICY, str(quotas), "-o", output]) == 1
+    out = capsys.readouterr().out
+    result = json.loads(out) if output == "json" else yaml.safe_load(out)
+    assert result["valid"] is False
+    assert result["policies"] == [POLICY]
+    (problem,) = result["problems"]
+    assert problem.startswith(f"{quotas}:3: namespaces.team-a.t4: '1.5Gi' is a size")
+
+
+@pytest.mark.parametrize("output", ["json", "yaml"])
+def test_certs_show_speaks_json_and_yaml(
+    output: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["certs", "generate", "--out", str(tmp_path)]) == 0
+    capsys.readouterr()
+    assert main(["certs", "show", "--dir", str(tmp_path), "-o", output]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out) if output == "json" else yaml.safe_load(out)
+    assert result["valid"] is True
+    assert result["problems"] == []
+    assert "gpuadm.gpuadm-system.svc" in result["serving"]["certificate"]
+    assert result["ca"]["renewalDue"] is False
