@@ -260,6 +260,17 @@ def _config_map(source: str, text: str, node: yaml.Node, found: Findings) -> Non
     by_key = {k: kind for kind, (_, k) in CONFIG_MAPS.items()}
     if map_name not in by_map and not any(str(k.value) in by_key for k, _ in entries):
         return  # another ConfigMap of a rendered manifest (the dashboard, ...)
+    if map_name not in by_map:
+        # Its keys are gpuadm's, its name is not: serve never reads it.
+        line = (name.start_mark.line + 1) if isinstance(name, yaml.ScalarNode) else 1
+        wanted = sorted(
+            CONFIG_MAPS[by_key[str(k.value)]][0] for k, _ in entries if str(k.value) in by_key
+        )
+        found.problems.append(
+            f"{source}:{line}: metadata.name: gpuadm reads only the ConfigMaps "
+            f"{' and '.join(m for m, _ in CONFIG_MAPS.values())} in its namespace, so "
+            f"{map_name or 'this ConfigMap'} is never read{suggestion(map_name, wanted)}"
+        )
     for key_node, value in entries:
         key = str(key_node.value)
         line = key_node.start_mark.line + 1

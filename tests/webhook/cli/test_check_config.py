@@ -72,6 +72,17 @@ CASES = [
     ),
     pytest.param(
         "cm.yaml",
+        config_map("gpuadm-quota", "quotas.yaml", "namespaces: {}\n"),
+        1,
+        [
+            "{f}:4: metadata.name: gpuadm reads only the ConfigMaps gpuadm-policy and "
+            "gpuadm-quotas in its namespace, so gpuadm-quota is never read; did you mean "
+            "`gpuadm-quotas`?"
+        ],
+        id="configmap-name-serve-never-reads",
+    ),
+    pytest.param(
+        "cm.yaml",
         config_map("gpuadm-quotas", "quotas.yaml", "namespaces:\n  team-a:\n    a100: -2\n"),
         1,
         ["{f}:9: namespaces.team-a.a100: -2 is negative: a limit is 0 (none at all) or more"],
