@@ -59,7 +59,7 @@ class GpuadmProcess:
         with self.log_path.open("ab") as log:
             self.process = spawn_serve(
                 self.port,
-                "--namespace",
+                "--gpuadm-namespace",
                 NAMESPACE,
                 "--kubeconfig",
                 # As its own user, the one it trusts by default (its service account's name).

@@ -188,7 +188,7 @@ def test_the_certs_command_installs_shows_and_rotates(
     common = [
         "--kubeconfig",
         str(control_plane.kubeconfig_path),
-        "--namespace",
+        "--gpuadm-namespace",
         target.namespace,
         "--webhook-configuration",
         target.webhook_configuration,
@@ -227,7 +227,7 @@ def test_a_missing_secret_is_reported_by_show(
             "show",
             "--kubeconfig",
             str(control_plane.kubeconfig_path),
-            "--namespace",
+            "--gpuadm-namespace",
             target.namespace,
         ],
         cwd=ROOT,
@@ -246,7 +246,7 @@ def test_serve_manages_its_own_tls_as_the_deployment_runs_it(
     with (tmp_path / "serve.log").open("wb") as log:
         process = spawn_serve(
             port,
-            "--namespace",
+            "--gpuadm-namespace",
             target.namespace,
             "--kubeconfig",
             str(control_plane.kubeconfig_path),
