@@ -8,8 +8,9 @@ one tuple with where they sit.
 
 The view reads the same values whether or not the pod passed `pod_shape.check_pod` (a field of
 the wrong type reads as absent), since the guard runs on pods the plan memo has seen the like
-of, whose spec is not checked again. The rewrite builds it after that check, so what it reads
-has the types `check_pod` allows. The view holds the pod's own objects, not copies: what the
+of, whose spec is not checked again. A review makes one view, given to the rewrite and the
+guard both; the rewrite reads it only after that check, so what it reads has the types
+`check_pod` allows. The view holds the pod's own objects, not copies: what the
 rewrite writes is built beside them, never into them.
 """
 

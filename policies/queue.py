@@ -18,6 +18,7 @@ from fractions import Fraction
 from typing import Any
 
 from policies.judge import judge, never_fits
+from policies.pod_view import PodView
 from policies.policy import Policy
 from policies.quantity import format_amount
 from policies.quotas import ALL_CLASSES, limits_on
@@ -28,28 +29,32 @@ def gate_name(policy: Policy) -> str:
     return policy.quota_gate
 
 
-def _gates(pod: Mapping[str, Any]) -> list[Any]:
-    gates = (pod.get("spec") or {}).get("schedulingGates")
+def _spec(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
+    if isinstance(pod, PodView):
+        return pod.spec
+    spec = pod.get("spec")
+    return spec if isinstance(spec, Mapping) else {}
+
+
+def _gates(pod: Mapping[str, Any] | PodView) -> list[Any]:
+    gates = _spec(pod).get("schedulingGates")
     return gates if isinstance(gates, list) else []
 
 
-def is_gated(pod: Mapping[str, Any], gate: str) -> bool:
+def is_gated(pod: Mapping[str, Any] | PodView, gate: str) -> bool:
     """Tell whether the pod carries the gate (and so is held in line, or will be)."""
     return any(isinstance(g, Mapping) and g.get("name") == gate for g in _gates(pod))
 
 
-def may_gate(pod: Mapping[str, Any]) -> bool:
+def may_gate(pod: Mapping[str, Any] | PodView) -> bool:
     """Tell whether a pod can wait behind a gate: the apiserver refuses a scheduling gate on a
     pod created already bound to a node (`spec.nodeName`), which is judged as in enforce mode."""
-    spec = pod.get("spec")
-    return not (isinstance(spec, Mapping) and spec.get("nodeName"))
+    return not _spec(pod).get("nodeName")
 
 
-def add_gate(pod: Mapping[str, Any], gate: str) -> dict[str, Any]:
+def add_gate(pod: Mapping[str, Any] | PodView, gate: str) -> dict[str, Any]:
     """Return the JSON patch operation that gives a pod being created the gate."""
-    if "schedulingGates" in (pod.get("spec") or {}) and isinstance(
-        pod["spec"]["schedulingGates"], list
-    ):
+    if isinstance(_spec(pod).get("schedulingGates"), list):
         return {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": gate}}
     return {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]}
 

@@ -63,11 +63,20 @@ NO_GPU = Plan(None, Fraction(0), [], ())
 
 
 def plan(
-    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+    pod: Mapping[str, Any],
+    policy: Policy,
+    *,
+    namespace_default_class: str | None = None,
+    view: PodView | None = None,
 ) -> Plan:
-    """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid."""
+    """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid.
+
+    `view` is the pod's view when the caller has made it already (a review makes one, which
+    the guard reads too); it is read only after the pod passed the shape check.
+    """
     check_pod(pod)
-    view = view_pod(pod)
+    if view is None:
+        view = view_pod(pod)
     demand = read_demand(view, policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return NO_GPU

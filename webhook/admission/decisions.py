@@ -16,6 +16,7 @@ trusts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from policies import (
     Denial,
@@ -29,7 +30,8 @@ from policies.claims import check_claim, check_named_claim, check_template, name
 from policies.guard import check_allocation_update
 from policies.judge import QuotaVerdict
 from policies.pod_shape import check_update_shape
-from policies.queue import add_gate, gate_name, is_gated, may_gate
+from policies.pod_view import PodView, view_pod
+from policies.queue import add_gate, is_gated, may_gate
 from webhook.admission.decision import Decision, Outcome
 from webhook.admission.filters import (
     Filter,
@@ -79,9 +81,8 @@ async def mutate_under(
         return answer
     revisions = config.revisions
     try:
-        plan = await _plan(request, config)
-        await _apply_guard(request, config, plan.class_name)
-        verdict = _gate_verdict(request, config, plan, quota)
+        plan, view = await _plan_and_guard(request, config)
+        verdict = _gate_verdict(request, view, config, plan, quota)
         if verdict is not None and not verdict.allowed:
             raise Denial(verdict.message or "GPU quota exceeded")
         if plan.claim_templates and not request.dry_run:
@@ -95,7 +96,7 @@ async def mutate_under(
             "mutated",
             warnings=plan.warnings,
             plan=plan,
-            patch=[*plan.patch, add_gate(request.object, gate_name(config.policy))],
+            patch=[*plan.patch, add_gate(view, config.policy.quota_gate)],
             revisions=revisions,
         )
     outcome: Outcome = "mutated" if plan.patch else "allowed"
@@ -110,20 +111,16 @@ async def mutate_under(
 
 
 def _gate_verdict(
-    request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
+    request: AdmissionRequest, view: PodView, config: ConfigSnapshot, plan: Plan, quota: QuotaGate
 ) -> QuotaVerdict | None:
     """Say whether the pod gets gpuadm's scheduling gate (allowed), is refused because it
     could never fit (not allowed), or neither (None): see `QuotaGate.should_gate`."""
     if plan.class_name is None:
         return None
-    if not may_gate(request.object):
+    if not may_gate(view):
         return None
     verdict = quota.should_gate(request.namespace, plan, config)
-    if (
-        verdict is not None
-        and verdict.allowed
-        and is_gated(request.object, gate_name(config.policy))
-    ):
+    if verdict is not None and verdict.allowed and is_gated(view, config.policy.quota_gate):
         return None  # created with the gate already
     return verdict
 
@@ -174,10 +171,9 @@ async def validate_under(
         return _validate_update(request, config, trusted_user=trusted.gpuadm)
     revisions = config.revisions
     try:
-        planned = await _plan(request, config)
-        # Before the fixed-point check: a pod the guard denies would only be denied again
-        # after the retry that check asks for.
-        await _apply_guard(request, config, planned.class_name)
+        # The guard runs before the fixed-point check: a pod the guard denies would only be
+        # denied again after the retry that check asks for.
+        planned, _ = await _plan_and_guard(request, config)
         plan = require_fixed_point(planned)
         await _check_named_claims(request, config, claims)
     except (Denial, ClaimError) as denial:
@@ -258,18 +254,32 @@ def _validate_update(
     return Decision("allowed", revisions=revisions)
 
 
-async def _plan(request: AdmissionRequest, config: ConfigSnapshot) -> Plan:
-    """Plan the pod under `config`; a large pod is planned in a worker thread."""
-    return await off_loop_if_large(request.size, config.plan, request.object, request.namespace)
+async def _plan_and_guard(
+    request: AdmissionRequest, config: ConfigSnapshot
+) -> tuple[Plan, PodView]:
+    """Plan the pod under `config` and apply the guard; return the plan and the pod's view.
 
-
-async def _apply_guard(
-    request: AdmissionRequest, config: ConfigSnapshot, class_name: str | None
-) -> None:
-    """Apply the policy's guard rules beside the plan, not in it; raise `Denial`.
-
-    The plan memo is keyed by what `plan` reads, which leaves out the env, volumes and
-    security contexts the guard reads, so the guard runs on every review. Like planning, it is
-    linear in the pod: a large pod is checked in a worker thread to keep the event loop free.
+    A large pod is worked on in a worker thread (`off_loop_if_large`), both steps in one.
     """
-    await off_loop_if_large(request.size, check_guard, request.object, config.policy, class_name)
+    return await off_loop_if_large(
+        request.size, _plan_and_guard_now, request.object, request.namespace, config
+    )
+
+
+def _plan_and_guard_now(
+    pod: dict[str, Any], namespace: str, config: ConfigSnapshot
+) -> tuple[Plan, PodView]:
+    """Read the pod's view once, plan with it, then apply the policy's guard rules to it.
+
+    The view tolerates fields of the wrong type (they read as absent), so it is made before
+    any shape check: `plan` checks the pod's shape before it reads the view, and on a plan
+    memo hit, whose spec is not checked again, only the guard reads it.
+
+    The guard runs beside the plan, not in it: the plan memo is keyed by what `plan` reads,
+    which leaves out the env, volumes and security contexts the guard reads, so the guard
+    runs on every review. Raise `Denial`.
+    """
+    view = view_pod(pod)
+    plan = config.plan(pod, namespace, view)
+    check_guard(view, config.policy, plan.class_name)
+    return plan, view

@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies import Denial, Plan, Policy, plan
+from policies.pod_view import PodView
 from policies.rewrite import memo_key
 from webhook.observe.metrics import MemoReading
 
@@ -68,8 +69,15 @@ class PlanMemo:
         """Return what the memo holds now, and how many entries it dropped for room."""
         return MemoReading(len(self._plans), self._weight, self._evictions)
 
-    def plan(self, pod: Mapping[str, Any], *, namespace_default_class: str | None) -> Plan:
-        """Return `policies.plan` of the pod, or raise its `Denial`."""
+    def plan(
+        self,
+        pod: Mapping[str, Any],
+        *,
+        namespace_default_class: str | None,
+        view: PodView | None = None,
+    ) -> Plan:
+        """Return `policies.plan` of the pod (whose view `view` is, if given), or raise its
+        `Denial`."""
         key = memo_key(pod, self._policy, namespace_default_class=namespace_default_class)
         with self._lock:
             entry = self._plans.get(key)
@@ -79,7 +87,12 @@ class PlanMemo:
             found = entry[0]
         else:
             try:
-                found = plan(pod, self._policy, namespace_default_class=namespace_default_class)
+                found = plan(
+                    pod,
+                    self._policy,
+                    namespace_default_class=namespace_default_class,
+                    view=view,
+                )
             except Denial as denial:
                 found = denial
             self._remember(key, found)

@@ -24,6 +24,7 @@ from policies import (
     load_quotas,
     policy_warnings,
 )
+from policies.pod_view import PodView
 from webhook.config.plan_memo import PlanMemo
 from webhook.observe.metrics import MemoReading, Metrics
 
@@ -65,10 +66,13 @@ class ConfigSnapshot:
         """Return the revisions of both parts."""
         return Revisions(self.policy_revision, self.quotas_revision)
 
-    def plan(self, pod: Mapping[str, Any], namespace: str) -> Plan:
-        """Return the plan of a pod in a namespace under this config, or raise `Denial`."""
+    def plan(self, pod: Mapping[str, Any], namespace: str, view: PodView | None = None) -> Plan:
+        """Return the plan of a pod in a namespace under this config, or raise `Denial`.
+
+        `view` is the pod's view, when the caller has made one already.
+        """
         default_class = self.quotas.default_class_for(namespace)
-        return self.plans.plan(pod, namespace_default_class=default_class)
+        return self.plans.plan(pod, namespace_default_class=default_class, view=view)
 
 
 def revision_of(text: str) -> str:
