@@ -263,7 +263,7 @@ def test_the_store_writes_a_record_of_thousands_and_reads_back_each_reservation(
 
     async def write_twice_read_and_delete() -> tuple[Record, Record, list[list[str]]]:
         api = AsyncApi(kube.endpoint())
-        store = ConfigMapStore(kube, api, NAMESPACE)
+        store = ConfigMapStore(api, NAMESPACE)
         kept = []  # the namespaces whose text the store keeps, after each step
         try:
             first = await store.write(tenant, record, None)

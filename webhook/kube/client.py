@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,9 +19,9 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from policies import policy
 from webhook.kube.endpoint import LIST_PAGE_SIZE, Endpoint, file_or_none
 from webhook.kube.errors import KubeError, status_message
+from webhook.kube.objects import EVENT_MESSAGE_MAX, MANAGED_BY, USAGE_RECORD_LABEL, Page
 
 __all__ = [
     "EVENT_MESSAGE_MAX",
@@ -34,24 +33,6 @@ __all__ = [
     "Page",
     "connect",
 ]
-
-# The label on every object gpuadm creates for itself (usage records, its TLS Secret).
-MANAGED_BY = {policy.MANAGED_BY: policy.MANAGER}
-# The label that marks a usage record and names its tenant namespace (a ConfigMap's name
-# may be cut; a label value holds the whole namespace name).
-USAGE_RECORD_LABEL = "gpuadm.io/usage-for"
-# events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
-# that the same Event is valid through either API and `kubectl describe` stays readable.
-EVENT_MESSAGE_MAX = 1024
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """One page of a list call."""
-
-    items: list[dict[str, Any]]
-    resource_version: str
-    next_token: str | None
 
 
 def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:

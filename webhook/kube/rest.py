@@ -10,15 +10,16 @@ CA, client certificate and token (re-read on each call, so rotated tokens are us
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
 import orjson
 
 from webhook.kube.endpoint import LIST_PAGE_SIZE, RESOURCE_API, Endpoint
 from webhook.kube.errors import KubeError, status_message
+from webhook.kube.objects import Page
 
 # Connections kept open to the apiserver: enough for a burst's record writes and namespace
 # checks to overlap, few enough not to matter to the apiserver.
@@ -56,6 +57,20 @@ class AsyncApi:
         """Replace a ConfigMap at the resourceVersion in `body`; a 409 means it changed."""
         path = _configmap_path(namespace, body["metadata"]["name"])
         return await self._call("PUT", path, body)
+
+    async def delete_configmap(self, namespace: str, name: str, *, resource_version: str) -> None:
+        """Delete a ConfigMap if it is still at `resource_version`; a 409 means it changed."""
+        precondition = {"preconditions": {"resourceVersion": resource_version}}
+        await self._call("DELETE", _configmap_path(namespace, name), precondition)
+
+    async def list_configmaps(self, namespace: str, label_selector: str) -> Page:
+        """Return the ConfigMaps of a namespace with the labels, at the version of the list."""
+        items: list[dict[str, Any]] = []
+        version = ""
+        async for page in self.list_pages(_configmap_path(namespace), label_selector):
+            items += page.items
+            version = version or page.resource_version
+        return Page(items, version, None)
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """Return a Namespace, or None if it does not exist."""
@@ -150,16 +165,24 @@ class AsyncApi:
         """Return every object of a collection (e.g. `/api/v1/pods`) with the labels, page by
         page."""
         items: list[dict[str, Any]] = []
+        async for page in self.list_pages(path, label_selector):
+            items += page.items
+        return items
+
+    async def list_pages(self, path: str, label_selector: str = "") -> AsyncIterator[Page]:
+        """Yield a collection's objects with the labels, `LIST_PAGE_SIZE` at a time, each page
+        with its version and the token of the next (None on the last)."""
         token = ""
         while True:
-            query = f"?labelSelector={quote(label_selector, safe='')}&limit={LIST_PAGE_SIZE}"
+            query = {"labelSelector": label_selector, "limit": str(LIST_PAGE_SIZE)}
             if token:
-                query += f"&continue={quote(token, safe='')}"
-            page = await self._call("GET", path + query)
-            items += page.get("items") or []
-            token = (page.get("metadata") or {}).get("continue") or ""
+                query["continue"] = token
+            body = await self._call("GET", f"{path}?{urlencode(query)}")
+            metadata = body.get("metadata") or {}
+            token = metadata.get("continue") or ""
+            yield Page(body.get("items") or [], metadata.get("resourceVersion", ""), token or None)
             if not token:
-                return items
+                return
 
     async def hold_open(self, progress: Callable[[], None] = lambda: None) -> None:
         """Keep the session for the life of the app; close it when cancelled."""
@@ -190,9 +213,7 @@ class AsyncApi:
         *,
         content_type: str = "application/json",
     ) -> dict[str, Any]:
-        headers = {"Accept": "application/json"}
-        if (authorization := self.endpoint.authorization()) is not None:
-            headers["Authorization"] = authorization
+        headers = self._headers()
         data = None
         if body is not None:
             headers["Content-Type"] = content_type
@@ -209,6 +230,12 @@ class AsyncApi:
             raise KubeError(status, status_message(payload, f"HTTP {status}"))
         result: dict[str, Any] = orjson.loads(payload)
         return result
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Accept": "application/json"}
+        if (authorization := self.endpoint.authorization()) is not None:
+            headers["Authorization"] = authorization
+        return headers
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:

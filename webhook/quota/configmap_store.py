@@ -7,13 +7,13 @@ which is exactly the compare-and-swap the reservation book needs.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 import orjson
 
-from webhook.kube.client import MANAGED_BY, USAGE_RECORD_LABEL, Kube, KubeError
+from webhook.kube.errors import KubeError
+from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL
 from webhook.kube.rest import AsyncApi
 from webhook.quota.reservations import EMPTY, Conflict, Record, RecordFull, Reservation
 
@@ -88,10 +88,8 @@ def record_of(config_map: dict[str, Any]) -> Record:
 class ConfigMapStore:
     """A `ReservationStore` on ConfigMaps in gpuadm's namespace."""
 
-    def __init__(self, kube: Kube, api: AsyncApi, namespace: str) -> None:
-        """Keep records in `namespace`: reads and writes on the admission path through `api`,
-        listing and deleting (pruning, off that path) through `kube`."""
-        self.kube = kube
+    def __init__(self, api: AsyncApi, namespace: str) -> None:
+        """Keep records in `namespace`, read, written, listed and deleted through `api`."""
         self.api = api
         self.namespace = namespace
         self.text = RecordText()
@@ -134,11 +132,8 @@ class ConfigMapStore:
     async def delete(self, namespace: str, version: str) -> None:
         """Delete the record if it is still at `version`; raise `Conflict` if it moved on."""
         try:
-            await asyncio.to_thread(
-                self.kube.delete_configmap,
-                self.namespace,
-                record_name(namespace),
-                resource_version=version,
+            await self.api.delete_configmap(
+                self.namespace, record_name(namespace), resource_version=version
             )
         except KubeError as error:
             if error.status == 409:
@@ -149,9 +144,7 @@ class ConfigMapStore:
 
     async def namespaces(self) -> list[str]:
         """Return the tenant namespaces that have a record, by the records' label."""
-        page = await asyncio.to_thread(
-            self.kube.list_configmaps, self.namespace, label_selector=USAGE_RECORD_LABEL
-        )
-        names = [str(m["metadata"]["labels"][USAGE_RECORD_LABEL]) for m in page.items]
+        records = await self.api.list_configmaps(self.namespace, USAGE_RECORD_LABEL)
+        names = [str(m["metadata"]["labels"][USAGE_RECORD_LABEL]) for m in records.items]
         self.text.keep_only(names)
         return names

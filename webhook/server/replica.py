@@ -120,7 +120,7 @@ def cluster_app(
     api = AsyncApi(kube.endpoint())
     ledger = QuotaLedger(
         usage,
-        ConfigMapStore(kube, api, settings.namespace),
+        ConfigMapStore(api, settings.namespace),
         pods_visible=True,
         usage_ready=pods.ready,
         metrics=metrics,

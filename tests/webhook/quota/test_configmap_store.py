@@ -78,7 +78,7 @@ async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_se
     # Nothing listens on this address: a record that passes the size check reaches the
     # network and fails there with a connection error; one that does not raises RecordFull.
     api = AsyncApi(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
-    store = ConfigMapStore(kube=None, api=api, namespace="gpuadm-system")  # type: ignore[arg-type]
+    store = ConfigMapStore(api=api, namespace="gpuadm-system")
     # Pod names may be 253 characters long: a reservation then takes about 350 bytes.
     record = {str(uuid.uuid4()): reservation(1e9 + n, pod="p" * 253) for n in range(3000)}
     # One more reservation whose pod name makes the text exactly as long as the limit.
