@@ -10,7 +10,7 @@ CA, client certificate and token (re-read on each call, so rotated tokens are us
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -27,6 +27,15 @@ MAX_CONNECTIONS = 8
 # An admission must be answered within the webhook timeout (5 s in the shipped
 # configurations); a call that takes longer has failed for that admission anyway.
 CALL_TIMEOUT_SECONDS = 4.0
+# The watches held open at once (pods, the config's ConfigMaps), each on a connection of its
+# own beside those of the admission path.
+WATCHES = 2
+# A watch ends when the apiserver closes it at its `timeoutSeconds`; one silent for this much
+# longer has lost the apiserver, and fails.
+WATCH_GRACE_SECONDS = 30.0
+
+# One event of a watch: its `type` (ADDED, MODIFIED, DELETED, BOOKMARK, ERROR) and `object`.
+WatchEvent = dict[str, Any]
 
 
 COORDINATION_API = "/apis/coordination.k8s.io/v1"
@@ -71,6 +80,33 @@ class AsyncApi:
             items += page.items
             version = version or page.resource_version
         return Page(items, version, None)
+
+    def watch_configmaps(
+        self, namespace: str, *, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncGenerator[WatchEvent]:
+        """Watch the ConfigMaps of a namespace with the labels (see `watch`)."""
+        return self.watch(
+            _configmap_path(namespace),
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
+
+    def list_pods(self, label_selector: str = "") -> AsyncGenerator[Page]:
+        """Yield the pods of every namespace with the labels, page by page; the first page's
+        version is the list's."""
+        return self.list_pages(f"{CORE_API}/pods", label_selector)
+
+    def watch_pods(
+        self, *, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncGenerator[WatchEvent]:
+        """Watch the pods of every namespace with the labels (see `watch`)."""
+        return self.watch(
+            f"{CORE_API}/pods",
+            label_selector=label_selector,
+            resource_version=resource_version,
+            timeout_seconds=timeout_seconds,
+        )
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """Return a Namespace, or None if it does not exist."""
@@ -169,7 +205,7 @@ class AsyncApi:
             items += page.items
         return items
 
-    async def list_pages(self, path: str, label_selector: str = "") -> AsyncIterator[Page]:
+    async def list_pages(self, path: str, label_selector: str = "") -> AsyncGenerator[Page]:
         """Yield a collection's objects with the labels, `LIST_PAGE_SIZE` at a time, each page
         with its version and the token of the next (None on the last)."""
         token = ""
@@ -183,6 +219,44 @@ class AsyncApi:
             yield Page(body.get("items") or [], metadata.get("resourceVersion", ""), token or None)
             if not token:
                 return
+
+    async def watch(
+        self, path: str, *, label_selector: str, resource_version: str, timeout_seconds: int
+    ) -> AsyncGenerator[WatchEvent]:
+        """Yield the events of one watch call on a collection from `resource_version`, with
+        bookmarks, until the apiserver ends it at `timeout_seconds`.
+
+        An expired version comes as an ERROR event with code 410, for the caller to list
+        again; a refused call is raised as `KubeError`. Close the iterator (`aclosing`) to
+        stop early and free the connection.
+        """
+        query = urlencode(
+            {
+                "watch": "1",
+                "labelSelector": label_selector,
+                "resourceVersion": resource_version,
+                "allowWatchBookmarks": "true",
+                "timeoutSeconds": str(timeout_seconds),
+            }
+        )
+        timeout = aiohttp.ClientTimeout(
+            total=None,
+            sock_connect=CALL_TIMEOUT_SECONDS,
+            sock_read=timeout_seconds + WATCH_GRACE_SECONDS,
+        )
+        try:
+            async with self._open().get(
+                f"{self.endpoint.host}{path}?{query}", headers=self._headers(), timeout=timeout
+            ) as response:
+                if response.status >= 400:
+                    payload = await response.read()
+                    raise KubeError(
+                        response.status, status_message(payload, f"HTTP {response.status}")
+                    )
+                async for line in _lines(response.content):
+                    yield orjson.loads(line)
+        except (aiohttp.ClientError, TimeoutError, OSError) as error:
+            raise KubeError(0, f"watch {path}: {error or type(error).__name__}") from None
 
     async def hold_open(self, progress: Callable[[], None] = lambda: None) -> None:
         """Keep the session for the life of the app; close it when cancelled."""
@@ -239,13 +313,32 @@ class AsyncApi:
 
     def _open(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self.endpoint.ssl_context(), limit=MAX_CONNECTIONS)
+            connector = aiohttp.TCPConnector(
+                ssl=self.endpoint.ssl_context(), limit=MAX_CONNECTIONS + WATCHES
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=CALL_TIMEOUT_SECONDS),
                 trust_env=False,
             )
         return self._session
+
+
+async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
+    """Yield the non-empty lines of a stream, however long (a watch event holds a whole
+    object, a ConfigMap of up to 1 MiB), however the chunks fall."""
+    pending: list[bytes] = []
+    async for chunk in stream.iter_any():
+        if b"\n" not in chunk:
+            pending.append(chunk)
+            continue
+        *lines, rest = (b"".join(pending) + chunk).split(b"\n")
+        pending = [rest]
+        for line in lines:
+            if line.strip():
+                yield line
+    if (last := b"".join(pending)).strip():
+        yield last
 
 
 def _namespaced(api: str, namespace: str, resource: str, name: str | None = None) -> str:
