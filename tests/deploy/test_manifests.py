@@ -906,7 +906,7 @@ def test_match_conditions_survive_a_missing_object(webhooks: tuple[Obj, Obj]) ->
     assert sent_to_webhook(validating, "UPDATE", None, None) is False
 
 
-# The guard (policies/guard.py) denies GPU access outside resources in pods of any kind, so
+# The guard (policies/guard/) denies GPU access outside resources in pods of any kind, so
 # the webhooks must see every pod it would deny, and still no other pod.
 GUARD_POLICY = load_policy(POLICY_YAML)
 VISIBLE_ALL = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]

@@ -1,0 +1,70 @@
+"""What the guard's checks find: a `Violation`, where it is and how it is shown, and the
+denial that lists them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from policies.errors import Denial
+from policies.pod_shape import clipped, shown
+from policies.pod_view import ContainerView
+from policies.policy import Guard
+
+CONTAINER_KINDS = {
+    "initContainers": "init container",
+    "containers": "container",
+    "ephemeralContainers": "ephemeral container",
+}
+# A denial lists this many violations, then counts the rest: one pod may hold thousands.
+MAX_LISTED = 5
+# Names and values come from the user, unchecked by the apiserver before mutation.
+MAX_SHOWN = 64
+
+
+class Violation(NamedTuple):
+    """One way a pod reaches GPUs outside its resources, and the rule (a `Guard` field)."""
+
+    where: str
+    field: str
+    reason: str
+    rule: str
+
+    def describe(self, guard: Guard) -> str:
+        """Return the violation as the user reads it, with the key that allows it."""
+        switch = guard.switch(self.rule)
+        return f"{self.where}: {self.field} {self.reason} (allowed only with {switch}: false)"
+
+
+def refuse(violations: list[Violation], guard: Guard) -> None:
+    if not violations:
+        return
+    listed = [violation.describe(guard) for violation in violations[:MAX_LISTED]]
+    if len(violations) > MAX_LISTED:
+        listed.append(f"and {len(violations) - MAX_LISTED} more")
+    raise Denial("GPU access outside the pod's resources: " + "; ".join(listed))
+
+
+def place_of(container: ContainerView) -> str:
+    """Name a container as the user knows it: `init container "setup"`."""
+    label = "sidecar" if container.sidecar else CONTAINER_KINDS[container.kind]
+    return f'{label} "{shown_value(container.name)}"'
+
+
+def shown_value(value: object) -> str:
+    """Return a value for a message: text as it is, other values as the core shows them.
+
+    Names and paths read better unquoted (`env NVIDIA_VISIBLE_DEVICES=all`); both are cut
+    to MAX_SHOWN characters the same way as every value a message shows.
+    """
+    if isinstance(value, str):
+        return clipped(value, MAX_SHOWN)
+    return shown(value, MAX_SHOWN)
+
+
+def mapping(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
