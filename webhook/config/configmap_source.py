@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any
 
 from webhook.config.snapshot import POLICY_PART, QUOTAS_PART, ConfigHolder, Missing, PartText
-from webhook.kube.client import USAGE_RECORD_LABEL, Kube, KubeError
-from webhook.kube.watch import Event, consume_watch
+from webhook.kube.errors import KubeError
+from webhook.kube.objects import USAGE_RECORD_LABEL
+from webhook.kube.rest import AsyncApi, WatchEvent
 
 log = logging.getLogger("gpuadm.config")
 
@@ -33,7 +35,7 @@ class ConfigMapSource:
 
     def __init__(
         self,
-        kube: Kube,
+        api: AsyncApi,
         namespace: str,
         holder: ConfigHolder,
         *,
@@ -44,7 +46,7 @@ class ConfigMapSource:
 
         `watch_seconds` is how long one watch call stays open before it is renewed.
         """
-        self.kube = kube
+        self.api = api
         self.namespace = namespace
         self.holder = holder
         self.on_policy_change = on_policy_change
@@ -64,9 +66,7 @@ class ConfigMapSource:
         """List, then watch the ConfigMaps, renewing the watch, until cancelled or an
         apiserver error (raised, for the supervisor to retry). `progress` is called after
         the list and after each watch call that ended normally."""
-        page = await asyncio.to_thread(
-            self.kube.list_configmaps, self.namespace, label_selector=NOT_A_USAGE_RECORD
-        )
+        page = await self.api.list_configmaps(self.namespace, NOT_A_USAGE_RECORD)
         self._maps = {
             m["metadata"]["name"]: m for m in page.items if m["metadata"]["name"] in WATCHED
         }
@@ -79,33 +79,32 @@ class ConfigMapSource:
 
     async def _watch(self, version: str) -> str:
         latest = version
+        watch = self.api.watch_configmaps(
+            self.namespace,
+            label_selector=NOT_A_USAGE_RECORD,
+            resource_version=version,
+            timeout_seconds=self.watch_seconds,
+        )
+        async with aclosing(watch) as events:
+            async for event in events:
+                latest = self._handle(event) or latest
+        return latest
 
-        def handle(event: Event) -> None:
-            nonlocal latest
-            obj = event.get("object") or {}
-            if event.get("type") == "ERROR":
-                raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
-            metadata = obj.get("metadata") or {}
-            latest = metadata.get("resourceVersion") or latest
-            name = metadata.get("name")
-            if name not in WATCHED:
-                return
+    def _handle(self, event: WatchEvent) -> str | None:
+        """Apply one watch event; return the version it carries."""
+        obj = event.get("object") or {}
+        if event.get("type") == "ERROR":
+            raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
+        metadata = obj.get("metadata") or {}
+        name = metadata.get("name")
+        if name in WATCHED:
             if event.get("type") == "DELETED":
                 self._maps.pop(name, None)
             else:
                 self._maps[name] = obj
             self._apply()
-
-        await consume_watch(
-            lambda: self.kube.watch_configmaps(
-                self.namespace,
-                resource_version=version,
-                timeout_seconds=self.watch_seconds,
-                label_selector=NOT_A_USAGE_RECORD,
-            ),
-            handle,
-        )
-        return latest
+        version = metadata.get("resourceVersion")
+        return str(version) if version else None
 
     def _apply(self) -> None:
         update = self.holder.update(
@@ -151,8 +150,7 @@ class ConfigMapSource:
 
     async def _record_event(self, name: str, uid: str, message: str) -> None:
         try:
-            await asyncio.to_thread(
-                self.kube.record_event,
+            await self.api.record_event(
                 namespace=self.namespace,
                 kind="ConfigMap",
                 name=name,

@@ -8,8 +8,6 @@ few fields. Every call here blocks; callers run them with `asyncio.to_thread`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import Any
 
 import kubernetes.client
@@ -17,7 +15,6 @@ import kubernetes.config
 import orjson
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from webhook.kube.endpoint import LIST_PAGE_SIZE, Endpoint, file_or_none
 from webhook.kube.errors import KubeError, status_message
@@ -98,18 +95,6 @@ class Kube:
             body.get("items") or [], metadata.get("resourceVersion", ""), metadata.get("continue")
         )
 
-    def watch_pods(
-        self, *, label_selector: str, resource_version: str, timeout_seconds: int
-    ) -> Iterator[dict[str, Any]]:
-        """Yield watch events (`type`, `object`) for pods in all namespaces."""
-        return self._watch(
-            self._core.list_pod_for_all_namespaces,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            allow_watch_bookmarks=True,
-        )
-
     def list_configmaps(self, namespace: str, *, label_selector: str = "") -> Page:
         """List the ConfigMaps of a namespace."""
         body = self._json(
@@ -117,33 +102,6 @@ class Kube:
         )
         metadata = body.get("metadata") or {}
         return Page(body.get("items") or [], metadata.get("resourceVersion", ""), None)
-
-    def watch_configmaps(
-        self,
-        namespace: str,
-        *,
-        resource_version: str,
-        timeout_seconds: int,
-        label_selector: str = "",
-    ) -> Iterator[dict[str, Any]]:
-        """Yield watch events for the ConfigMaps of a namespace."""
-        return self._watch(
-            self._core.list_namespaced_config_map,
-            namespace,
-            label_selector=label_selector,
-            resource_version=resource_version,
-            timeout_seconds=timeout_seconds,
-            allow_watch_bookmarks=True,
-        )
-
-    def delete_configmap(self, namespace: str, name: str, *, resource_version: str) -> None:
-        """Delete a ConfigMap if it is still at `resource_version`; a 409 means it changed."""
-        self._json(
-            self._core.delete_namespaced_config_map,
-            name,
-            namespace,
-            body={"preconditions": {"resourceVersion": resource_version}},
-        )
 
     def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a Secret, or None if it does not exist."""
@@ -176,40 +134,6 @@ class Kube:
         )
         return self._json(replace, body["metadata"]["name"], body)
 
-    def record_event(
-        self,
-        *,
-        namespace: str,
-        kind: str,
-        name: str,
-        uid: str,
-        reason: str,
-        message: str,
-        warning: bool,
-    ) -> None:
-        """Record a core/v1 Event about an object, for `kubectl describe` to show."""
-        now = datetime.now(UTC).isoformat()
-        body = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": kind,
-                "name": name,
-                "namespace": namespace,
-                "uid": uid,
-            },
-            "reason": reason,
-            "message": message[:EVENT_MESSAGE_MAX],
-            "type": "Warning" if warning else "Normal",
-            "source": {"component": "gpuadm"},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        self._json(self._core.create_namespaced_event, namespace, body)
-
     @classmethod
     def _json_or_none(cls, call: Any, *args: Any) -> dict[str, Any] | None:
         """Call a read; None when the object does not exist (404)."""
@@ -230,21 +154,6 @@ class Kube:
             raise KubeError(0, _unreachable(error)) from None
         data: dict[str, Any] = orjson.loads(response.data)
         return data
-
-    @staticmethod
-    def _watch(call: Any, *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
-        try:
-            response = call(*args, watch=True, _preload_content=False, **kwargs)
-        except ApiException as error:
-            raise KubeError(error.status or 0, _reason(error)) from None
-        except (OSError, urllib3.exceptions.HTTPError) as error:
-            raise KubeError(0, _unreachable(error)) from None
-        try:
-            for line in iter_resp_lines(response):
-                if line:
-                    yield orjson.loads(line)
-        finally:
-            response.release_conn()
 
 
 def _unreachable(error: Exception) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -19,7 +20,7 @@ import orjson
 
 from webhook.kube.endpoint import LIST_PAGE_SIZE, RESOURCE_API, Endpoint
 from webhook.kube.errors import KubeError, status_message
-from webhook.kube.objects import Page
+from webhook.kube.objects import EVENT_MESSAGE_MAX, Page
 
 # Connections kept open to the apiserver: enough for a burst's record writes and namespace
 # checks to overlap, few enough not to matter to the apiserver.
@@ -173,6 +174,40 @@ class AsyncApi:
         """Replace a core/v1 Event at the resourceVersion in `body`."""
         path = _namespaced(CORE_API, namespace, "events", body["metadata"]["name"])
         return await self._call("PUT", path, body)
+
+    async def record_event(
+        self,
+        *,
+        namespace: str,
+        kind: str,
+        name: str,
+        uid: str,
+        reason: str,
+        message: str,
+        warning: bool,
+    ) -> None:
+        """Record a core/v1 Event about an object, for `kubectl describe` to show."""
+        now = datetime.now(UTC).isoformat()
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": kind,
+                "name": name,
+                "namespace": namespace,
+                "uid": uid,
+            },
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_MAX],
+            "type": "Warning" if warning else "Normal",
+            "source": {"component": "gpuadm"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self.create_event(namespace, body)
 
     async def create_quota_status(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create a GPUQuota object; a 409 means one of that name exists."""

@@ -12,12 +12,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
+from contextlib import aclosing
 from typing import Any
 
 from policies.queue import Waiting
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
-from webhook.kube.client import Kube, KubeError
-from webhook.kube.watch import Event, consume_watch
+from webhook.kube.errors import KubeError
+from webhook.kube.rest import AsyncApi, WatchEvent
 from webhook.observe.metrics import Metrics
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 
@@ -37,7 +38,7 @@ class PodWatcher:
 
     def __init__(
         self,
-        kube: Kube,
+        api: AsyncApi,
         usage: UsageIndex,
         config: ConfigHolder,
         metrics: Metrics,
@@ -46,7 +47,7 @@ class PodWatcher:
         resync_seconds: float = 600.0,
         watch_seconds: int = 30,
     ) -> None:
-        self.kube = kube
+        self.api = api
         self.usage = usage
         self.config = config
         self.metrics = metrics
@@ -94,7 +95,7 @@ class PodWatcher:
             await asyncio.sleep(0.5)
         snapshot = self.config.current
         self._relist.clear()
-        holdings, waiting, version = await asyncio.to_thread(self._fetch_holdings, snapshot)
+        holdings, waiting, version = await self._fetch_holdings(snapshot)
         now = self.clock()
         self.usage.replace_all(holdings, now=now, waiting=waiting)
         self.usage.forget_seen_before(now - 2 * self.resync_seconds)
@@ -104,17 +105,15 @@ class PodWatcher:
         log.info("listed pods: %d hold GPUs, %d wait in line", len(holdings), len(waiting))
         return version
 
-    def _fetch_holdings(
+    async def _fetch_holdings(
         self, snapshot: ConfigSnapshot
     ) -> tuple[dict[str, Holding], dict[str, Waiting], str]:
         """List every pod page by page, keeping only what GPU pods hold and the GPU pods in
-        line (runs in a thread)."""
+        line."""
         holdings: dict[str, Holding] = {}
         waiting: dict[str, Waiting] = {}
-        token = None
         version = ""
-        while True:
-            page = self.kube.list_pods(token=token)
+        async for page in self.api.list_pods():
             version = version or page.resource_version
             for pod in page.items:
                 state = pod_state(pod, snapshot.policy, snapshot.quotas)
@@ -122,28 +121,21 @@ class PodWatcher:
                     holdings[pod["metadata"]["uid"]] = state
                 elif isinstance(state, Waiting):
                     waiting[pod["metadata"]["uid"]] = state
-            token = page.next_token
-            if not token:
-                return holdings, waiting, version
+        return holdings, waiting, version
 
     async def _watch(self, version: str) -> str:
         label = self.config.current.policy.class_annotation
         latest = version
-
-        def handle(event: Event) -> None:
-            nonlocal latest
-            latest = self._apply(event) or latest
-
-        await consume_watch(
-            lambda: self.kube.watch_pods(
-                label_selector=label, resource_version=version, timeout_seconds=self.watch_seconds
-            ),
-            handle,
+        watch = self.api.watch_pods(
+            label_selector=label, resource_version=version, timeout_seconds=self.watch_seconds
         )
+        async with aclosing(watch) as events:
+            async for event in events:
+                latest = self._apply(event) or latest
         self.last_contact = self.clock()
         return latest
 
-    def _apply(self, event: Event) -> str | None:
+    def _apply(self, event: WatchEvent) -> str | None:
         kind = event.get("type")
         obj: dict[str, Any] = event.get("object") or {}
         if kind == "ERROR":

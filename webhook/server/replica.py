@@ -109,15 +109,15 @@ def cluster_app(
     metrics = Metrics()
     holder = ConfigHolder(metrics=metrics)
     usage = UsageIndex()
-    pods = PodWatcher(kube, usage, holder, metrics)
+    api = AsyncApi(kube.endpoint())
+    pods = PodWatcher(api, usage, holder, metrics)
     config = ConfigMapSource(
-        kube,
+        api,
         settings.namespace,
         holder,
         on_policy_change=pods.request_relist,
         watch_seconds=CONFIG_WATCH_SECONDS,
     )
-    api = AsyncApi(kube.endpoint())
     ledger = QuotaLedger(
         usage,
         ConfigMapStore(api, settings.namespace),
