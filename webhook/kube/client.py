@@ -18,10 +18,9 @@ from kubernetes.client.exceptions import ApiException
 
 from webhook.kube.endpoint import LIST_PAGE_SIZE, Endpoint, file_or_none
 from webhook.kube.errors import KubeError, status_message
-from webhook.kube.objects import EVENT_MESSAGE_MAX, MANAGED_BY, USAGE_RECORD_LABEL, Page
+from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL, Page
 
 __all__ = [
-    "EVENT_MESSAGE_MAX",
     "LIST_PAGE_SIZE",
     "MANAGED_BY",
     "USAGE_RECORD_LABEL",

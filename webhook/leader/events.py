@@ -27,8 +27,8 @@ from typing import Any
 from policies.line import Key, key_of
 from policies.quantity import format_amount
 from policies.queue import Place, Waiting
-from webhook.kube.client import EVENT_MESSAGE_MAX
 from webhook.kube.errors import KubeError
+from webhook.kube.objects import EVENT_MESSAGE_MAX
 from webhook.kube.rest import AsyncApi
 from webhook.quota.usage import UsageIndex
 
