@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 
 from policies.judge import judge, never_fits
-from policies.queue import Place, Waiting, held_for_ahead
+from policies.queue import Place, Waiting, take_if_fits
 from policies.quotas import ALL_CLASSES, limits_on
 
 # (-priority, created, name, uid): line order, the uid telling apart pods of one name.
@@ -220,24 +220,13 @@ class Line:
                 namespace=namespace, class_name=pod.class_name, requested=pod.charge, limits=limits
             ):
                 continue
-            verdict = judge(
-                namespace=namespace,
-                class_name=pod.class_name,
-                requested=pod.charge,
-                in_use=used,
-                limits=limits,
-            )
-            if verdict.allowed:
+            if take_if_fits(namespace, pod, used, limits, blocked).allowed:
                 released.append(pod)
-                used[pod.class_name] = used.get(pod.class_name, Fraction(0)) + pod.charge
                 if most is not None and len(released) >= most:
                     complete = False
                     break
-            else:
-                for key in verdict.exceeded:
-                    blocked[key] = held_for_ahead(namespace, key, used, limits)
-                if ALL_CLASSES in blocked:
-                    break  # every pod counts against the cap: all wait now
+            elif ALL_CLASSES in blocked:
+                break  # every pod counts against the cap: all wait now
             if rank == 0 and not any(key in blocked for key in keys_of_pod):
                 self._push(heap, cursors, source, bound)
         return Walk(tuple(released), used, blocked, complete)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from policies.judge import judge, never_fits
+from policies.judge import QuotaVerdict, judge, never_fits
 from policies.pod_view import PodView
 from policies.policy import Policy
 from policies.quantity import format_amount
@@ -167,23 +167,39 @@ def next_releases(
         elif stuck is not None:
             reason = stuck
         else:
-            verdict = judge(
-                namespace=namespace,
-                class_name=pod.class_name,
-                requested=pod.charge,
-                in_use=used,
-                limits=limits,
-            )
+            verdict = take_if_fits(namespace, pod, used, limits, blocked)
             if verdict.allowed:
                 released.append(pod)
-                used[pod.class_name] = used.get(pod.class_name, Fraction(0)) + pod.charge
                 continue
             reason = verdict.message or "quota exceeded"
-            for key in verdict.exceeded:
-                blocked[key] = held_for_ahead(namespace, key, used, limits)
         waiting.append(Place(pod, ahead, reason))
         waiting_by_class[pod.class_name] = waiting_by_class.get(pod.class_name, 0) + 1
     return LineOutcome(tuple(released), tuple(waiting))
+
+
+def take_if_fits(
+    namespace: str,
+    pod: Waiting,
+    used: dict[str, Fraction],
+    limits: Mapping[str, Fraction],
+    blocked: dict[str, str],
+) -> QuotaVerdict:
+    """Judge a pod in line against what the pods ahead already use: one that fits is charged
+    to `used`; one that does not marks each limit it exceeds in `blocked` as held for the
+    pods ahead, so that those behind it under that limit wait too."""
+    verdict = judge(
+        namespace=namespace,
+        class_name=pod.class_name,
+        requested=pod.charge,
+        in_use=used,
+        limits=limits,
+    )
+    if verdict.allowed:
+        used[pod.class_name] = used.get(pod.class_name, Fraction(0)) + pod.charge
+    else:
+        for key in verdict.exceeded:
+            blocked[key] = held_for_ahead(namespace, key, used, limits)
+    return verdict
 
 
 def held_for_ahead(

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import line as line_module
+from policies import queue as queue_module
 from policies.judge import judge
 from policies.line import Line, key_of
 from policies.queue import Waiting, in_line_order, next_releases
@@ -155,7 +156,9 @@ def test_a_place_in_a_long_line_visits_only_the_pods_that_decide_it(
         judged.append(kwargs["class_name"])
         return real(**kwargs)
 
+    # The walk judges each pod it visits through the line's shared step, in queue.py.
     monkeypatch.setattr(line_module, "judge", counting)
+    monkeypatch.setattr(queue_module, "judge", counting)
     long = [waiting(f"p{i:04d}", "a100", F(1), 0, i % 60) for i in range(2000)]
     huge = [waiting(f"h{i:04d}", "t4", F(5), 0, i % 60) for i in range(2000)]  # never fit
     index = Line([*long, *huge])
