@@ -64,6 +64,12 @@ STOP_GRACE_SECONDS = 5.0
 POLL_INTERVAL_SECONDS = 0.25
 # Every process the control plane may run, in the order stop() ends them.
 PROCESSES = ("kube-controller-manager", "kube-scheduler", "kube-apiserver", "etcd")
+# The controllers start_controller_manager runs unless told otherwise.
+CONTROLLERS = (
+    "resourceclaim-controller",
+    "job-controller",
+    "clusterrole-aggregation-controller",
+)
 PR_SET_PDEATHSIG = 1
 # Resolved now, not in the forked child, where loading a library could block
 # on a lock some other thread of this process held at fork time.
@@ -136,6 +142,7 @@ class ControlPlane:
         self._bin_dir = bin_dir
         self._start_timeout = start_timeout
         self._extra_apiserver_args = list(extra_apiserver_args)
+        self._service_account_admission = False
         self._workdir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.token = secrets.token_urlsafe(32)
@@ -153,6 +160,28 @@ class ControlPlane:
         if self._workdir is None:
             raise ControlPlaneError("the control plane is not started")
         return self._workdir
+
+    @classmethod
+    def for_real_node(cls) -> ControlPlane:
+        """A control plane that a real node (``kubelet.KubeletNode``) can join.
+
+        Pods on the node reach the apiserver on the bridge's address, so it listens on every
+        address; it calls webhooks through their Service by dialling an endpoint, as there is
+        no kube-proxy; and it gives every pod its ServiceAccount's token, which the suite's
+        other control plane leaves out.
+        """
+        plane = cls(
+            extra_apiserver_args=("--bind-address=0.0.0.0", "--enable-aggregator-routing=true")
+        )
+        plane._service_account_admission = True
+        return plane
+
+    @property
+    def bin_dir(self) -> Path:
+        """The directory of the built binaries (kubelet included)."""
+        if self._bin_dir is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._bin_dir
 
     @property
     def ca_file(self) -> Path:
@@ -262,8 +291,8 @@ class ControlPlane:
             ],
         )
 
-    def start_controller_manager(self) -> None:
-        """Start kube-controller-manager with the three controllers the suite needs.
+    def start_controller_manager(self, controllers: Sequence[str] = CONTROLLERS) -> None:
+        """Start kube-controller-manager with the controllers the suite needs.
 
         - resourceclaim: makes the ResourceClaim of each pod that names a
           ResourceClaimTemplate, as ``<pod>-<entry>-<random>``, and records it in the pod's
@@ -272,7 +301,8 @@ class ControlPlane:
         - clusterrole-aggregation: fills ``view``, ``edit`` and ``admin`` with the rules of the
           ClusterRoles labelled to aggregate into them.
 
-        Nothing else of a controller manager runs.
+        Nothing else of a controller manager runs, unless ``controllers`` names more (a real
+        node's cluster runs those a Deployment needs).
         """
         if "kube-controller-manager" in self._processes:
             raise ControlPlaneError("the controller manager is already started")
@@ -283,8 +313,10 @@ class ControlPlane:
             [
                 str(self._bin_dir / "kube-controller-manager"),
                 f"--kubeconfig={self.kubeconfig_of(CONTROLLER_MANAGER_USER)}",
-                "--controllers=resourceclaim-controller,job-controller,"
-                "clusterrole-aggregation-controller",
+                f"--controllers={','.join(controllers)}",
+                # Published into every namespace as kube-root-ca.crt, which each pod's
+                # service-account token volume mounts.
+                f"--root-ca-file={self.ca_file}",
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
                 "--secure-port=0",
@@ -385,8 +417,13 @@ class ControlPlane:
             f"--token-auth-file={self.workdir / 'tokens.csv'}",
             # Without a kube-controller-manager no namespace ever gets its
             # "default" ServiceAccount, and this plugin would reject every pod
-            # that does not name an existing one.
-            "--disable-admission-plugins=ServiceAccount",
+            # that does not name an existing one. A real node's cluster runs the
+            # controller that makes them, and its pods need their tokens.
+            *(
+                ()
+                if self._service_account_admission
+                else ("--disable-admission-plugins=ServiceAccount",)
+            ),
             "--allow-privileged=true",
             f"--admission-control-config-file={self.workdir / 'admission.yaml'}",
             *self._extra_apiserver_args,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver, kube-scheduler, kube-controller-manager and etcd
+# Builds the kube-apiserver, kube-scheduler, kube-controller-manager, kubelet and etcd
 # binaries the end-to-end tests run, from the Go modules pinned in ./apiserver and ./etcd, into a
 # per-version cache directory. Safe to run repeatedly: when every binary is
 # already present and reports the expected version, nothing is rebuilt.
@@ -71,20 +71,32 @@ check_pins() {
     fi
 }
 
-# Succeeds only when every binary runs and reports the pinned version, so a
-# stale or truncated binary triggers a rebuild.
-binaries_ready() {
-    local kube
-    for kube in kube-apiserver kube-scheduler kube-controller-manager; do
-        [[ -x $BIN_DIR/$kube ]] || return 1
-        [[ $("$BIN_DIR/$kube" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]] || return 1
-    done
+# The Kubernetes binaries, all from the one k8s.io/kubernetes module. The kubelet runs the
+# suite's real node (tests/e2e/kubelet.py).
+KUBE_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet)
+
+# Succeeds only when the binary runs and reports the pinned version, so a stale or
+# truncated binary is rebuilt.
+kube_ready() {
+    [[ -x $BIN_DIR/$1 ]] || return 1
+    [[ $("$BIN_DIR/$1" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]]
+}
+
+etcd_ready() {
     [[ -x $BIN_DIR/etcd ]] || return 1
     # Captured first: piping into "grep -q" would let etcd die of SIGPIPE,
     # which pipefail turns into a spurious "not ready".
     local etcd_version
     etcd_version=$("$BIN_DIR/etcd" --version 2>/dev/null) || return 1
     grep -qx "etcd Version: ${ETCD_VERSION#v}" <<<"$etcd_version"
+}
+
+binaries_ready() {
+    local kube
+    for kube in "${KUBE_BINARIES[@]}"; do
+        kube_ready "$kube" || return 1
+    done
+    etcd_ready
 }
 
 kube_ldflags() {
@@ -119,7 +131,7 @@ main() {
         flock 9
     fi
     if binaries_ready; then
-        log "up to date: kube-apiserver, kube-scheduler and kube-controller-manager $KUBE_VERSION, etcd $ETCD_VERSION"
+        log "up to date: ${KUBE_BINARIES[*]} $KUBE_VERSION, etcd $ETCD_VERSION"
         echo "$BIN_DIR"
         return
     fi
@@ -130,16 +142,18 @@ main() {
     # build is writing them now.
     rm -f "$BIN_DIR"/.*.partial.*
     trap 'rm -f "$BIN_DIR"/.*.partial.$$' EXIT
-    build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver "$(kube_ldflags)"
-    # The scheduler shares nearly all of its packages with the apiserver, so
-    # with the Go cache warm from the line above it costs a minute or two.
-    build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-scheduler kube-scheduler "$(kube_ldflags)"
-    # Only its resourceclaim controller runs in the tests: it makes the ResourceClaims of
-    # pods that name a ResourceClaimTemplate, which the scheduler then allocates.
-    build_one "$go_bin" apiserver k8s.io/kubernetes/cmd/kube-controller-manager kube-controller-manager "$(kube_ldflags)"
-    build_one "$go_bin" etcd go.etcd.io/etcd/server/v3 etcd "-s -w"
+    # Only what is missing or stale is built, so a cache from before the kubelet joined the
+    # list gains just the kubelet. The scheduler, controller manager and kubelet share most
+    # of their packages with the apiserver: with the Go cache warm each costs a minute or two.
+    # Of the controller manager the suite runs few controllers; see tests/e2e/cluster.py.
+    local kube
+    for kube in "${KUBE_BINARIES[@]}"; do
+        kube_ready "$kube" ||
+            build_one "$go_bin" apiserver "k8s.io/kubernetes/cmd/$kube" "$kube" "$(kube_ldflags)"
+    done
+    etcd_ready || build_one "$go_bin" etcd go.etcd.io/etcd/server/v3 etcd "-s -w"
     binaries_ready || { log "built binaries do not report the expected versions"; exit 1; }
-    log "built kube-apiserver, kube-scheduler and kube-controller-manager $KUBE_VERSION, etcd $ETCD_VERSION in $BIN_DIR"
+    log "built ${KUBE_BINARIES[*]} $KUBE_VERSION, etcd $ETCD_VERSION in $BIN_DIR"
     echo "$BIN_DIR"
 }
 

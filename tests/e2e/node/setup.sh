@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Installs what the suite's real node runs beside the kubelet (tests/e2e/kubelet.py): containerd
+# with its CRI plugin, runc, the CNI plugins and iptables, from Debian's packages. The kubelet
+# itself is built from its Go module with the control plane (../controlplane/build.sh).
+#
+# Safe to run repeatedly: with every command present it does nothing. It needs root (apt-get),
+# as the node itself does. The packages' own services are not used: the tests start containerd
+# with a configuration and state of their own, and stop it again.
+set -euo pipefail
+
+log() { printf 'node/setup.sh: %s\n' "$*" >&2; }
+
+# command -> the Debian package that provides it
+declare -A PACKAGES=(
+    [containerd]=containerd
+    [ctr]=containerd
+    [runc]=runc
+    [iptables]=iptables
+    [/usr/lib/cni/bridge]=containernetworking-plugins
+    [/usr/lib/cni/host-local]=containernetworking-plugins
+)
+
+missing=()
+for thing in "${!PACKAGES[@]}"; do
+    if [[ $thing == /* ]]; then
+        [[ -x $thing ]] && continue
+    else
+        command -v "$thing" >/dev/null && continue
+    fi
+    missing+=("${PACKAGES[$thing]}")
+done
+
+if [[ ${#missing[@]} -eq 0 ]]; then
+    log "up to date: containerd, runc, CNI plugins, iptables"
+    exit 0
+fi
+
+if [[ $(id -u) -ne 0 ]]; then
+    log "the real node needs root, and these packages: ${missing[*]}"
+    exit 2
+fi
+
+mapfile -t packages < <(printf '%s\n' "${missing[@]}" | sort -u)
+log "installing ${packages[*]}"
+apt-get update -qq >&2
+# The packages enable their services on install; a machine without systemd running just
+# skips that, and a machine with it gets a containerd that the tests do not touch.
+DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${packages[@]}" >&2
+log "installed ${packages[*]}"
