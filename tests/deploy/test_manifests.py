@@ -77,6 +77,17 @@ COUNTERPARTS = [
     ("kustomize-client-auth", "helm-client-auth"),
 ]
 
+# The namespaces of the GPU stacks' documented installs, exempt by default: HAMi's chart,
+# Volcano's vGPU device plugin and NVIDIA's static device plugin install in kube-system.
+GPU_STACK_NAMESPACES = {
+    "kube-system",
+    "gpu-operator",
+    "nvidia-device-plugin",
+    "nvidia-dra-driver-gpu",
+    "hami-system",
+    "volcano-system",
+}
+
 GPU_RESOURCE_NAMES = [
     "nvidia.com/gpu",
     "nvidia.com/gpumem",
@@ -403,7 +414,7 @@ def _check_common_webhook_settings(webhook: Obj, path: str) -> None:
         "port": 443,
     }
     assert "url" not in webhook["clientConfig"]
-    assert _excluded_namespaces(webhook) >= {"kube-system", NAMESPACE}
+    assert _excluded_namespaces(webhook) == GPU_STACK_NAMESPACES | {NAMESPACE}
     assert webhook["matchConditions"]
 
 
@@ -617,6 +628,34 @@ def test_configmaps_hold_the_example_config(rendered: Rendered) -> None:
         assert yaml.safe_load(data[key]) == yaml.safe_load((EXAMPLES / key).read_text())
 
 
+def _exempt_namespaces(rendered: Rendered) -> list[str]:
+    policy = yaml.safe_load(rendered.one("ConfigMap", "gpuadm-policy")["data"]["policy.yaml"])
+    exempt: list[str] = policy["exemptNamespaces"]
+    return exempt
+
+
+def test_the_gpu_stacks_and_gpuadm_are_exempt_by_default(rendered: Rendered) -> None:
+    assert set(_exempt_namespaces(rendered)) == GPU_STACK_NAMESPACES | {NAMESPACE}
+
+
+def test_the_webhooks_skip_every_namespace_the_policy_exempts(rendered: Rendered) -> None:
+    """gpuadm passes an exempt namespace's pods unchanged, so the apiserver need not wait on it
+    for them: kustomize's two hand-kept lists, the policy's and the webhooks', must agree."""
+    exempt = set(_exempt_namespaces(rendered))
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for webhook in rendered.one(kind)["webhooks"]:
+            assert _excluded_namespaces(webhook) == exempt, webhook["name"]
+
+
+def test_helm_exempts_what_the_admin_lists_and_always_skips_kube_system(render: Render) -> None:
+    rendered = Rendered("helm", render("helm", "--set", "policy.exemptNamespaces={gpu-stack}"))
+    assert _exempt_namespaces(rendered) == ["gpu-stack", NAMESPACE]
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for webhook in rendered.one(kind)["webhooks"]:
+            # webhook.excludedNamespaces: never sent, even when the policy stops exempting it.
+            assert _excluded_namespaces(webhook) == {"kube-system", "gpu-stack", NAMESPACE}
+
+
 def test_helm_and_kustomize_ship_one_gpuquota_crd() -> None:
     """Helm installs CRDs from crds/, kustomize from deploy/base: one file, two copies."""
     assert (REPO / "deploy/helm/gpuadm/crds/gpuquotas.yaml").read_text() == (
@@ -709,7 +748,8 @@ def test_helm_follows_the_release_namespace(render: Render) -> None:
     for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
         for webhook in rendered.one(kind)["webhooks"]:
             assert webhook["clientConfig"]["service"]["namespace"] == "gpu-admission"
-            assert _excluded_namespaces(webhook) == {"kube-system", "gpu-admission"}
+            assert _excluded_namespaces(webhook) == GPU_STACK_NAMESPACES | {"gpu-admission"}
+    assert set(_exempt_namespaces(rendered)) == GPU_STACK_NAMESPACES | {"gpu-admission"}
     (subject,) = rendered.one("ClusterRoleBinding")["subjects"]
     assert subject["namespace"] == "gpu-admission"
 
@@ -725,9 +765,12 @@ def test_helm_can_narrow_the_webhooks_to_one_namespace(render: Render) -> None:
             }
 
 
-def test_helm_refuses_to_narrow_the_webhooks_to_an_excluded_namespace(render: Render) -> None:
-    with pytest.raises(AssertionError, match='"kube-system" is a namespace gpuadm must never see'):
-        render("helm", "--set", "webhook.onlyNamespaces={team-a,kube-system}")
+@pytest.mark.parametrize("namespace", ["kube-system", "gpu-operator", NAMESPACE])
+def test_helm_refuses_to_narrow_the_webhooks_to_an_excluded_namespace(
+    render: Render, namespace: str
+) -> None:
+    with pytest.raises(AssertionError, match=f'"{namespace}" is never sent to gpuadm'):
+        render("helm", "--set", f"webhook.onlyNamespaces={{team-a,{namespace}}}")
 
 
 def test_helm_refuses_a_resource_name_that_would_break_the_cel(render: Render) -> None:

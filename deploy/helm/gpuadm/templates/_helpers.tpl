@@ -23,15 +23,23 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{/*
-namespaceSelector of both webhooks: never the excluded namespaces nor gpuadm's own; and
-only the namespaces of webhook.onlyNamespaces when it is set.
+The policy's exemptNamespaces, with the release namespace: what gpuadm leaves alone.
+*/}}
+{{- define "gpuadm.exemptNamespaces" -}}
+{{- concat (.Values.policy.exemptNamespaces | default list) (list .Release.Namespace) | uniq | toJson -}}
+{{- end }}
+
+{{/*
+namespaceSelector of both webhooks: never the excluded namespaces, the namespaces the policy
+exempts, nor gpuadm's own; and only the namespaces of webhook.onlyNamespaces when it is set.
 */}}
 {{- define "gpuadm.namespaceSelector" -}}
-{{- $never := concat .Values.webhook.excludedNamespaces (list .Release.Namespace) | uniq -}}
+{{- $exempt := include "gpuadm.exemptNamespaces" . | fromJsonArray -}}
+{{- $never := concat .Values.webhook.excludedNamespaces $exempt | uniq -}}
 {{- with .Values.webhook.onlyNamespaces }}
 {{- range . }}
 {{- if has . $never }}
-{{- fail (printf "webhook.onlyNamespaces: %q is a namespace gpuadm must never see" .) }}
+{{- fail (printf "webhook.onlyNamespaces: %q is never sent to gpuadm (webhook.excludedNamespaces, policy.exemptNamespaces or the release namespace)" .) }}
 {{- end }}
 {{- end -}}
 matchExpressions:
