@@ -9,6 +9,7 @@ import socket
 import ssl
 import tempfile
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -71,6 +72,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="in a cluster: how long the Lease of the replica that releases waiting pods (queue "
         "mode) and publishes GPUQuota objects lasts unrenewed, so how long a leader's death "
         "can delay releases (default 15, at least 1)",
+    )
+    serve.add_argument(
+        "--shutdown-delay-seconds",
+        type=_non_negative_seconds,
+        default=0.0,
+        help="after SIGTERM, keep answering this long while /readyz fails and connections "
+        "close after each answer, so callers move to other replicas before this one stops "
+        "(the chart sets 5; default 0)",
     )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
@@ -182,6 +191,7 @@ def run(args: argparse.Namespace) -> ExitCode:
             port=settings.port,
             ssl_context=ssl_context,
             on_refused=app[METRICS].connections_refused.inc,
+            drain_seconds=args.shutdown_delay_seconds,
         )
     except OSError as error:
         raise CommandError(
@@ -190,14 +200,27 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _lease_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 1 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"{text} is out of range: give 1 to 3600 seconds")
-    return value
+def _seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds from `low` to `high`."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: give {low:g} to {high:g} seconds"
+            )
+        return value
+
+    return seconds
+
+
+_lease_seconds = _seconds_between(1, 3600)
+# Beyond a minute the kubelet's default grace period (30 s) would kill the replica mid-drain
+# anyway; the chart raises terminationGracePeriodSeconds with it.
+_non_negative_seconds = _seconds_between(0, 60)
 
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:

@@ -16,8 +16,9 @@ from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.server import handlers
-from webhook.server.appkeys import METRICS, READINESS, ReadinessCheck
+from webhook.server.appkeys import DRAIN, METRICS, READINESS, ReadinessCheck
 from webhook.server.budget import RequestBudget
+from webhook.server.drain import Drain
 from webhook.server.lifecycle import Background, Supervisor
 from webhook.server.settings import Settings
 from webhook.tls.reloading import TLS_STALE_SECONDS, certificate_problem, keep_certificate_fresh
@@ -55,7 +56,10 @@ def create_app(
     # happens to be exactly the limit.
     app = web.Application(client_max_size=settings.max_review_bytes + 1)
     app[METRICS] = metrics
+    drain = app[DRAIN] = Drain()
+    app.on_response_prepare.append(drain.close_after_answer)
     checks: list[ReadinessCheck] = [
+        drain.not_ready_reason,
         lambda: None if config.loaded else "no valid config loaded",
         *readiness,
         tasks.not_ready_reason,

@@ -7,9 +7,11 @@ from collections.abc import Callable, Sequence
 from aiohttp import web
 
 from webhook.observe.metrics import Metrics
+from webhook.server.drain import Drain
 
 # Each check returns None when ready, else the reason it is not.
 ReadinessCheck = Callable[[], str | None]
 
+DRAIN = web.AppKey("drain", Drain)
 METRICS = web.AppKey("metrics", Metrics)
 READINESS = web.AppKey("readiness", Sequence[ReadinessCheck])

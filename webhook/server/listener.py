@@ -11,6 +11,7 @@ in use is a clear error, not a traceback after "serving on".
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import signal
 import ssl
@@ -18,6 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
+
+from webhook.server.appkeys import DRAIN
 
 log = logging.getLogger("gpuadm.serve")
 
@@ -131,10 +134,15 @@ def serve(
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None] = lambda: None,
     max_connections: int = MAX_CONNECTIONS,
+    drain_seconds: float = 0.0,
 ) -> None:
     """Serve `app` until SIGINT or SIGTERM, then stop gracefully; raise `OSError` when the
-    address cannot be listened on."""
-    asyncio.run(_serve(app, host, port, ssl_context, on_refused, max_connections))
+    address cannot be listened on.
+
+    After SIGTERM the app drains for `drain_seconds` first (see `drain.py`), if it has a
+    `Drain`; SIGINT or a second signal stops at once.
+    """
+    asyncio.run(_serve(app, host, port, ssl_context, on_refused, max_connections, drain_seconds))
 
 
 async def _serve(
@@ -144,11 +152,19 @@ async def _serve(
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None],
     max_connections: int,
+    drain_seconds: float,
 ) -> None:
     stop = asyncio.Event()
+    at_once = asyncio.Event()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if stop.is_set() or signum == signal.SIGINT:
+            at_once.set()
+        stop.set()
+
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, stop.set)
+        loop.add_signal_handler(signum, on_signal, signum)
     runner = web.AppRunner(app, **RUNNER_OPTIONS)
     await runner.setup()
     try:
@@ -163,6 +179,15 @@ async def _serve(
         await site.start()
         log.info("serving on %s", site.name)
         await stop.wait()
+        drain = app.get(DRAIN)
+        if drain is not None and drain_seconds > 0 and not at_once.is_set():
+            drain.begin()
+            log.info(
+                "draining for %.0f s: /readyz fails and each connection closes after its answer",
+                drain_seconds,
+            )
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(at_once.wait(), drain_seconds)
         log.info("stopping: answering the reviews in flight, then leaving")
     finally:
         await runner.cleanup()
