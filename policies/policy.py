@@ -121,10 +121,6 @@ class Guard(Model):
     # them.
     allocation_annotations: bool = True
 
-    def switch(self, rule: str) -> str:
-        """Return the policy key that switches a rule off, e.g. `guard.devHostPath`."""
-        return f"guard.{type(self).model_fields[rule].alias}"
-
 
 class Policy(Model):
     """The whole `policy.yaml`."""

@@ -38,7 +38,6 @@ def brought_annotations(annotations: Mapping[str, Any]) -> list[Violation]:
             f"annotation {key}",
             "is written by the GPU stack's scheduler to tell its device plugin which GPUs to "
             "give the pod; a pod may not bring it: remove it",
-            "allocation_annotations",
         )
         for key in ALLOCATION_ANNOTATIONS
         if key in annotations

@@ -17,12 +17,19 @@ from policies.pod_view import ContainerView, PodView, as_view, view_containers
 from policies.policy import Policy, ResourceRole
 
 
-def check_guard(pod: Mapping[str, Any] | PodView, policy: Policy, class_name: str | None) -> None:
+def check_guard(
+    pod: Mapping[str, Any] | PodView,
+    policy: Policy,
+    class_name: str | None,
+    *,
+    namespace: str | None = None,
+) -> None:
     """Refuse a pod that reaches GPUs outside its resources; raise `Denial` naming each way.
 
     `class_name` is the pod's GPU class as `plan` found it, None for a pod without GPU
     demand: a privileged container counts only in a GPU pod, and the isolation switches only
-    in a pod of a class that names a limiter (`hami`, `volcano`).
+    in a pod of a class that names a limiter (`hami`, `volcano`). `namespace`, the pod's, is
+    the one the denial tells an admin to exempt if the pod is a GPU stack's own.
     """
     guard = policy.guard
     view = as_view(pod)
@@ -38,10 +45,16 @@ def check_guard(pod: Mapping[str, Any] | PodView, policy: Policy, class_name: st
         violations += host_path_violations(view, guard)
     if guard.allocation_annotations:
         violations += brought_annotations(view.annotations)
-    refuse(violations, guard)
+    refuse(violations, namespace)
 
 
-def check_added_containers(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy) -> None:
+def check_added_containers(
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    policy: Policy,
+    *,
+    namespace: str | None = None,
+) -> None:
     """Refuse an update that adds an ephemeral container reaching GPUs outside resources.
 
     A pod's containers are fixed once it exists, except that the `pods/ephemeralcontainers`
@@ -70,7 +83,7 @@ def check_added_containers(old: Mapping[str, Any], new: Mapping[str, Any], polic
         for container in added
         for violation in _container_violations(container, policy, stack=None, gpu_pod=gpu_pod)
     ]
-    refuse(violations, guard)
+    refuse(violations, namespace)
 
 
 def check_allocation_update(
@@ -89,13 +102,13 @@ def check_allocation_update(
     changed = changed_annotations(old, new)
     if not changed:
         return
-    switch = policy.guard.switch("allocation_annotations")
     who = shown_value(user) or "an unnamed user"
+    # The way out is to name the stack's users, not to let every user change them.
     raise Denial(
         f"annotation {', '.join(changed)} may be changed only by the GPU stack's scheduler and "
         f"device plugin (the policy's gpuStackUsers), not by {who}: "
-        "it tells the device plugin which GPUs, and how much of each, to give the pod "
-        f"(allowed only with {switch}: false)"
+        "it tells the device plugin which GPUs, and how much of each, to give the pod. "
+        f"If {who} is the GPU stack's own, an admin adds it to the policy's gpuStackUsers"
     )
 
 
@@ -115,7 +128,6 @@ def _container_violations(
             place_of(container),
             "securityContext.privileged=true",
             "in a GPU pod sees every GPU of the node, not only the pod's; drop privileged",
-            "privileged_gpu_containers",
         )
 
 

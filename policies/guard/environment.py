@@ -57,7 +57,6 @@ def env_violations(
                     field,
                     "may give it GPUs that its resources do not hold; set it to void or "
                     "none, or ask for GPUs in resources",
-                    "visible_devices_env",
                 )
         elif (
             stack is not None
@@ -66,7 +65,7 @@ def env_violations(
         ):
             switched = _switches_isolation(entry, name, stack)
             if switched is not None:
-                yield Violation(place_of(container), switched[0], switched[1], "isolation_switches")
+                yield Violation(place_of(container), *switched)
 
 
 def _gives_devices(entry: Mapping[str, Any]) -> str | None:
@@ -136,7 +135,6 @@ def env_from_violations(container: ContainerView, stack: str) -> Iterator[Violat
             "CUDA_DEVICE_MEMORY_LIMIT, ...) from a ConfigMap or Secret gpuadm cannot read; "
             "give it a prefix no such variable starts with (e.g. APP_), and set the "
             "container's own CUDA and GPU variables as plain env",
-            "isolation_switches",
         )
 
 

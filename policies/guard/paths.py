@@ -16,6 +16,14 @@ DEVICE_LIST_ROOT = "/var/run/nvidia-container-devices"
 # Directories that hold a node's GPU device files among others: the symlinks of every char
 # device, and the GPU Operator's driver root. `/var/run` is `/run` on the node.
 DEVICE_DIRS = (("dev", "char"), ("run", "nvidia", "driver", "dev"))
+# Why each kind of hostPath is refused (guard.devHostPath, guard.deviceDirHostPath).
+GPU_DEVICES = (
+    "exposes the node's GPU devices outside the pod's resources; ask for GPUs in resources instead"
+)
+DEVICE_DIR = (
+    "holds the node's GPU device files (/dev/char, /run/nvidia/driver/dev) among others, "
+    "outside the pod's resources; mount a narrower path, or ask for GPUs in resources"
+)
 
 
 def device_list_mounts(container: ContainerView) -> Iterator[Violation]:
@@ -29,7 +37,6 @@ def device_list_mounts(container: ContainerView) -> Iterator[Violation]:
                 "names GPUs to the NVIDIA Container Toolkit's volume-mounts device list, "
                 "which gives them to the container outside its resources; mount it elsewhere, "
                 "or ask for GPUs in resources",
-                "device_list_mounts",
             )
 
 
@@ -49,27 +56,19 @@ def host_path_violations(pod: PodView, guard: Guard) -> list[Violation]:
         if not isinstance(path, str):
             continue
         if guard.dev_host_path and _under_dev_nvidia(path):
-            found.append((index, mapping(volume).get("name"), path, "dev_host_path"))
+            found.append((index, mapping(volume).get("name"), path, GPU_DEVICES))
         elif guard.device_dir_host_path and _holds_device_dir(path):
-            found.append((index, mapping(volume).get("name"), path, "device_dir_host_path"))
+            found.append((index, mapping(volume).get("name"), path, DEVICE_DIR))
     if not found:
         return []
     mounts = _mounting_containers(pod, {name for _, name, _, _ in found if isinstance(name, str)})
     violations = []
-    for index, name, path, rule in found:
+    for index, name, path, reason in found:
         where = f'volume "{shown_value(name)}"'
         if isinstance(name, str) and (mounters := mounts.get(name)):
             where += f" (mounted by {', '.join(mounters[:3])})"
-        reason = (
-            "exposes the node's GPU devices outside the pod's resources; ask for GPUs in "
-            "resources instead"
-            if rule == "dev_host_path"
-            else "holds the node's GPU device files (/dev/char, /run/nvidia/driver/dev) "
-            "among others, outside the pod's resources; mount a narrower path, or ask for GPUs "
-            "in resources"
-        )
         violations.append(
-            Violation(where, f"volumes[{index}].hostPath.path={shown_value(path)}", reason, rule)
+            Violation(where, f"volumes[{index}].hostPath.path={shown_value(path)}", reason)
         )
     return violations
 

@@ -9,7 +9,6 @@ from typing import Any, NamedTuple
 from policies.errors import Denial
 from policies.pod_shape import clipped, shown
 from policies.pod_view import ContainerView
-from policies.policy import Guard
 
 CONTAINER_KINDS = {
     "initContainers": "init container",
@@ -23,26 +22,43 @@ MAX_SHOWN = 64
 
 
 class Violation(NamedTuple):
-    """One way a pod reaches GPUs outside its resources, and the rule (a `Guard` field)."""
+    """One way a pod reaches GPUs outside its resources."""
 
     where: str
     field: str
     reason: str
-    rule: str
 
-    def describe(self, guard: Guard) -> str:
-        """Return the violation as the user reads it, with the key that allows it."""
-        switch = guard.switch(self.rule)
-        return f"{self.where}: {self.field} {self.reason} (allowed only with {switch}: false)"
+    def describe(self) -> str:
+        """Return the violation as the user reads it."""
+        return f"{self.where}: {self.field} {self.reason}"
 
 
-def refuse(violations: list[Violation], guard: Guard) -> None:
+def refuse(violations: list[Violation], namespace: str | None) -> None:
+    """Deny the pod, listing what it does and how the admin lets a GPU stack's pod do it.
+
+    The way out named is the namespace's exemption, never a `guard` key: a GPU stack's own
+    pods (its device plugin, container toolkit, driver) reach GPUs outside resources on
+    purpose and belong in a namespace gpuadm leaves alone, while switching a rule off would
+    open that way to every tenant of the cluster.
+    """
     if not violations:
         return
-    listed = [violation.describe(guard) for violation in violations[:MAX_LISTED]]
+    listed = [violation.describe() for violation in violations[:MAX_LISTED]]
     if len(violations) > MAX_LISTED:
         listed.append(f"and {len(violations) - MAX_LISTED} more")
-    raise Denial("GPU access outside the pod's resources: " + "; ".join(listed))
+    raise Denial(
+        "GPU access outside the pod's resources: " + "; ".join(listed) + ". " + exempt(namespace)
+    )
+
+
+def exempt(namespace: str | None) -> str:
+    """Say how an admin lets a GPU stack's own pod through: exempt its namespace."""
+    which = f"its namespace {shown_value(namespace)}" if namespace else "its namespace"
+    return (
+        "If this is a GPU stack's own pod (a device plugin, the container toolkit, a driver), "
+        f"{which} must be exempt: an admin adds it to the policy's exemptNamespaces "
+        "(the Helm value policy.exemptNamespaces)"
+    )
 
 
 def place_of(container: ContainerView) -> str:

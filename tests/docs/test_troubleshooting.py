@@ -38,6 +38,10 @@ OTHER_REFUSALS = [
     "is written by the GPU stack's scheduler to tell its device plugin which GPUs to",
     "overrides a limit that",
     "as it was made; retry",
+    # The end of every guard denial: how an admin lets a GPU stack's own pod through.
+    "must be exempt: an admin adds it to the policy's exemptNamespaces "
+    "(the Helm value policy.exemptNamespaces)",
+    "is the GPU stack's own, an admin adds it to the policy's gpuStackUsers",
 ]
 
 

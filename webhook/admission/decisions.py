@@ -244,7 +244,9 @@ def _validate_update(
         check_update_shape(request.object)
         check_update_shape(request.old_object, whose="the old pod's ")
         # Whoever asks: gpuadm itself never adds ephemeral containers.
-        check_added_containers(request.old_object, request.object, config.policy)
+        check_added_containers(
+            request.old_object, request.object, config.policy, namespace=request.namespace
+        )
         # The GPU stack's scheduler and device plugin write these; gpuadm never does.
         check_allocation_update(request.old_object, request.object, config.policy, request.user)
         if not (trusted_user and request.user == trusted_user):
@@ -281,5 +283,5 @@ def _plan_and_guard_now(
     """
     view = view_pod(pod)
     plan = config.plan(pod, namespace, view)
-    check_guard(view, config.policy, plan.class_name)
+    check_guard(view, config.policy, plan.class_name, namespace=namespace)
     return plan, view
