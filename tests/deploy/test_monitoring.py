@@ -32,7 +32,8 @@ from tests.deploy.test_manifests import (
     Rendered,
     schema_errors,
 )
-from webhook.observe.metrics import AuditReading, MemoReading, Metrics, QueueReading, QuotaReading
+from webhook.observe.metrics import Metrics
+from webhook.observe.readings import AuditReading, MemoReading, QueueReading, QuotaReading
 
 # The session fixtures of test_manifests.py: the tools, the renders and the API client.
 tools = manifests.tools

@@ -24,7 +24,7 @@ from typing import Any
 from policies import Denial, Plan, Policy, plan
 from policies.pod_view import PodView
 from policies.rewrite import memo_key
-from webhook.observe.metrics import MemoReading
+from webhook.observe.readings import MemoReading
 
 # Distinct pod shapes remembered. Pods of one ReplicaSet or Job share a shape, so a cluster
 # has about as many shapes as it has GPU workloads: thousands at most.

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from policies import (
     ConfigError,
@@ -26,7 +26,10 @@ from policies import (
 )
 from policies.pod_view import PodView
 from webhook.config.plan_memo import PlanMemo
-from webhook.observe.metrics import MemoReading, Metrics
+from webhook.observe.readings import MemoReading
+
+if TYPE_CHECKING:
+    from webhook.observe.metrics import Metrics
 
 log = logging.getLogger("gpuadm.config")
 
@@ -152,7 +155,12 @@ class ConfigHolder:
         self._clock = clock
         self._logged_at: dict[str, float] = {}
         self._snapshot: ConfigSnapshot | None = None
-        self._metrics = metrics if metrics is not None else Metrics()
+        if metrics is None:
+            # Here, not at import: a command that reads a snapshot once exports no metrics.
+            from webhook.observe.metrics import Metrics
+
+            metrics = Metrics()
+        self._metrics = metrics
         # Evictions of the memos of snapshots no longer in force, so the counter only grows.
         self._evictions_before = 0
         self._metrics.watch_plan_memo(self._memo_reading)

@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 
 import orjson
 
-from webhook.observe.metrics import AuditReading
+from webhook.observe.readings import AuditReading
 
 log = logging.getLogger("gpuadm.audit")
 

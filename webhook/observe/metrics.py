@@ -4,37 +4,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-
-class AuditReading(NamedTuple):
-    """The audit writer as the metrics show it."""
-
-    pending: int
-    dropped: int
-    write_errors: int
-
-
-class MemoReading(NamedTuple):
-    """The plan memo as the metrics show it."""
-
-    entries: int
-    weight_bytes: int
-    evictions: int
-
-
-class QuotaReading(NamedTuple):
-    """What a namespace holds of a class now, and its limit (None: unlimited)."""
-
-    namespace: str
-    gpu_class: str
-    in_use: float
-    limit: float | None
+from webhook.observe.readings import (
+    AuditReading,
+    MemoReading,
+    QueueReading,
+    QuotaReading,
+    TaskReading,
+)
 
 
 class _QuotaCollector(Collector):
@@ -61,15 +44,6 @@ class _QuotaCollector(Collector):
         yield limit
 
 
-class QueueReading(NamedTuple):
-    """The pods of a namespace waiting in line for a class, and the longest wait among them."""
-
-    namespace: str
-    gpu_class: str
-    waiting: int
-    oldest_seconds: float
-
-
 class _QueueCollector(Collector):
     """Reads the lines of waiting pods at scrape time (queue mode), one series per line."""
 
@@ -94,14 +68,6 @@ class _QueueCollector(Collector):
             oldest.add_metric(key, reading.oldest_seconds)
         yield waiting
         yield oldest
-
-
-class TaskReading(NamedTuple):
-    """A background task as the metrics show it: running or not, and since its progress."""
-
-    task: str
-    running: bool
-    seconds_since_progress: float
 
 
 class _TaskCollector(Collector):

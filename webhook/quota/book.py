@@ -21,12 +21,14 @@ import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from webhook.kube.errors import KubeError
-from webhook.observe.metrics import Metrics
 from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
 from webhook.quota.usage import UsageIndex
+
+if TYPE_CHECKING:
+    from webhook.observe.metrics import Metrics
 
 # The apiserver gives up on a request after 60 s by default; a pod admitted now is stored
 # (and so visible to the watch) well within that, or never.

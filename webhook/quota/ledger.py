@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from policies import Plan
 from policies.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
-from webhook.observe.metrics import Metrics
 from webhook.quota.admissions import AdmissionJudge
 from webhook.quota.book import RESERVATION_TTL, ReservationBook
 from webhook.quota.line import QueueLine
@@ -24,6 +24,9 @@ from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import ReservationStore
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
+
+if TYPE_CHECKING:
+    from webhook.observe.metrics import Metrics
 
 __all__ = ["RESERVATION_TTL", "QuotaLedger"]
 

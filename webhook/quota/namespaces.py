@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from webhook.kube.rest import AsyncApi
+if TYPE_CHECKING:
+    # For its type only: the namespace check runs in `gpuadm review` with no apiserver, and
+    # the transport (aiohttp) loads only where a replica asks one.
+    from webhook.kube.rest import AsyncApi
 
 # A namespace seen to exist is taken to exist this long without asking again. Deleting a
 # namespace takes its pods with it, so a stale "exists" costs at most a short-lived record.

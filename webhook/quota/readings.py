@@ -8,7 +8,8 @@ from datetime import datetime
 
 from policies.quotas import QuotaConfig
 from webhook.config.snapshot import ConfigHolder
-from webhook.observe.metrics import Metrics, QueueReading, QuotaReading
+from webhook.observe.metrics import Metrics
+from webhook.observe.readings import QueueReading, QuotaReading
 from webhook.quota.book import ReservationBook
 from webhook.quota.usage import UsageIndex
 

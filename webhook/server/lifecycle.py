@@ -34,7 +34,8 @@ from typing import Any, NamedTuple, Protocol
 from aiohttp import web
 
 from webhook.kube.errors import KubeError
-from webhook.observe.metrics import Metrics, TaskReading
+from webhook.observe.metrics import Metrics
+from webhook.observe.readings import TaskReading
 
 log = logging.getLogger("gpuadm.tasks")
 

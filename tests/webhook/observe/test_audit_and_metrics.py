@@ -20,7 +20,8 @@ from tests.webhook.calls import decoded_patch, post
 from webhook.config.snapshot import ConfigHolder, snapshot_from_text
 from webhook.observe import audit_log
 from webhook.observe.audit_log import AuditLog
-from webhook.observe.metrics import AuditReading, Metrics
+from webhook.observe.metrics import Metrics
+from webhook.observe.readings import AuditReading
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.readings import export_quota
 from webhook.quota.reservations import MemoryStore
