@@ -32,6 +32,7 @@ from policies.guard import ALLOCATION_ANNOTATIONS
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import _default_resource_names
 from tests.builders import POLICY_YAML
+from tests.gpu_stacks import STACK_PODS, StackPod
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL_SCRIPT = REPO / "deploy" / "tools" / "install.sh"
@@ -1198,6 +1199,20 @@ def test_every_resource_a_backend_knows_reaches_both_webhooks(
         validating, "UPDATE", debugged(asking, debug), asking, sub_resource="ephemeralcontainers"
     )
     assert sent, "the ephemeral-containers condition does not route it"
+
+
+@pytest.mark.parametrize(
+    "stack", [pytest.param(s, id=s.fixture.removesuffix(".yaml")) for s in STACK_PODS]
+)
+def test_gpu_stacks_pods_skip_the_webhooks_in_their_namespace_and_reach_them_elsewhere(
+    stack: StackPod, webhooks: tuple[Obj, Obj]
+) -> None:
+    """The apiserver never waits on gpuadm for a GPU stack's own pods; the same pod in a
+    tenant's namespace is sent, and refused by the guard (webhook/admission/test_gpu_stacks)."""
+    for webhook in webhooks:
+        assert stack.namespace in _excluded_namespaces(webhook)
+        assert "team-a" not in _excluded_namespaces(webhook)
+        assert sent_to_webhook(webhook, "CREATE", stack.pod("team-a"), None)
 
 
 @pytest.mark.parametrize("key", DEVICE_CHOICE_ANNOTATIONS)
