@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -91,6 +90,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         kube = connect(args.kubeconfig, context=args.context)
         if args.certs_command == "show":
             return _show_cluster(kube, args, now)
+        import tempfile
+
         scratch = Path(tempfile.mkdtemp(prefix="gpuadm-certs-"))
         keeper = TLSKeeper(kube, target_of(args), scratch)
         keeper.sync(rotate=args.certs_command == "rotate")

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
-import uuid
 from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
@@ -21,8 +19,9 @@ if TYPE_CHECKING:
     from webhook.config.snapshot import ConfigSnapshot
     from webhook.reviews.request import AdmissionRequest
 
-# Admission, the core and the quota ledger are imported when a review runs, so that
-# building the command line (for --help, --version, or another command) does not load them.
+# Admission, the core, the quota ledger and the event loop are imported when a review runs,
+# so that building the command line (for --help, --version, or another command) does not load
+# them.
 
 
 class ManifestLoader(yaml.SafeLoader):
@@ -102,6 +101,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod."""
+    import asyncio
+
     from webhook.cli.config_files import load_config
 
     config = load_config(args.policy, args.quotas)
@@ -305,6 +306,8 @@ def _holder(
 
 
 def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:
+    import uuid
+
     from webhook.reviews.request import AdmissionRequest
 
     return AdmissionRequest(

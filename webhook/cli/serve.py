@@ -3,24 +3,16 @@
 from __future__ import annotations
 
 import argparse
-import gc
-import logging
-import socket
-import ssl
-import tempfile
-import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
 from webhook.server.settings import CLAIM_CONTROLLERS
 
-# The server, TLS and cluster modules are imported when gpuadm serves, so that the
-# commands that never do (review, check-config) start without them.
-
-log = logging.getLogger("gpuadm")
+# The server, TLS and cluster modules, and the standard library's network and TLS modules,
+# are imported when gpuadm serves, so that the commands that never do (review,
+# check-config) start without them.
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -107,6 +99,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Serve the webhook over HTTPS until interrupted."""
+    import gc
+    import socket
+    import ssl
+    import tempfile
+    import uuid
+
     from certs import CertificateReloader, server_ssl_context
     from webhook.cli.certificates import target_of
     from webhook.cli.config_files import load_config
@@ -225,6 +223,10 @@ _non_negative_seconds = _seconds_between(0, 60)
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:
     """Make a CA and a serving certificate for local use; say where the CA is."""
+    import logging
+    import tempfile
+    from datetime import UTC, datetime
+
     from certs import new_ca, new_serving_cert, write_tls_dir
 
     directory = tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
@@ -234,7 +236,7 @@ def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:
         ca, dns_names=["localhost", "gpuadm"], ip_addresses=["127.0.0.1", "::1"], now=now
     )
     paths = write_tls_dir(directory, ca=ca, serving=serving)
-    log.warning(
+    logging.getLogger("gpuadm").warning(
         "no --cert-file given: serving a self-signed certificate; its CA is %s", paths.ca_file
     )
     return paths.cert_file, paths.key_file
