@@ -470,7 +470,10 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "gpuadm"
     assert pod["automountServiceAccountToken"] is True
-    assert "priorityClassName" not in pod
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert "nodeSelector" not in pod
+    assert "tolerations" not in pod
+    assert "imagePullSecrets" not in pod
     assert pod["securityContext"] == {
         "runAsNonRoot": True,
         "runAsUser": 65532,
@@ -489,7 +492,7 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
 
     (container,) = pod["containers"]
     assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.1.0"
-    serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)"]
+    serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)", "--log-level", "info"]
     mounted = ["--cert-file", "/etc/gpuadm/tls/tls.crt", "--key-file", "/etc/gpuadm/tls/tls.key"]
     managed = ["--manage-tls", "--tls-dir", "/tmp/tls"]
     mounting = rendered.name in MOUNTING_THE_SECRET

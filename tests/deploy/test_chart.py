@@ -1,0 +1,217 @@
+"""The Helm chart as an admin installs it: `helm lint`, the values schema, and the values that
+place and shape gpuadm's pods (pull secrets, node selection, priority, labels, arguments).
+
+The schema refuses what the chart does not know, so a misspelt value fails the install
+instead of being ignored. Each value admins set is rendered here and checked where it lands,
+against the Kubernetes API schema like every other object (test_manifests.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import pytest
+import yaml
+
+from tests.deploy import test_manifests as manifests
+from tests.deploy.test_manifests import (
+    HELM_TEMPLATE,
+    RENDERS,
+    REPO,
+    Obj,
+    Render,
+    Rendered,
+    schema_errors,
+)
+
+# The session fixtures of test_manifests.py: the tools, the renders and the API client.
+tools = manifests.tools
+render = manifests.render
+api_client = manifests.api_client
+
+CHART = REPO / "deploy" / "helm" / "gpuadm"
+SCHEMA = CHART / "values.schema.json"
+REFUSED = "values don't meet the specifications of the schema"
+HELM_RENDERS = [name for name in RENDERS if name.startswith("helm")]
+
+
+def _deployment(rendered: list[Obj]) -> Obj:
+    return Rendered("helm", rendered).one("Deployment")
+
+
+def _pod_spec(rendered: list[Obj]) -> Obj:
+    spec: Obj = _deployment(rendered)["spec"]["template"]["spec"]
+    return spec
+
+
+# --- helm lint and the schema ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HELM_RENDERS)
+def test_helm_lint_passes_strictly(tools: dict[str, Path], name: str) -> None:
+    """Every variant the tests render, as `helm lint --strict` sees it (warnings fail)."""
+    _, *template = RENDERS[name]
+    assert tuple(template[: len(HELM_TEMPLATE)]) == HELM_TEMPLATE
+    settings = template[len(HELM_TEMPLATE) :]
+    result = subprocess.run(
+        [str(tools["helm"]), "lint", "--strict", str(CHART), *settings],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
+    schema = json.loads(SCHEMA.read_text())
+    assert schema["$schema"] == "http://json-schema.org/draft-07/schema#"
+    assert schema["additionalProperties"] is False
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values) <= set(schema["properties"])
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        pytest.param("replica=3", "additional properties 'replica' not allowed", id="top-typo"),
+        pytest.param(
+            "webhook.excludedNamespace={team-x}",
+            "additional properties 'excludedNamespace' not allowed",
+            id="nested-typo",
+        ),
+        pytest.param(
+            "certManager.enable=true",
+            "additional properties 'enable' not allowed",
+            id="cert-manager-typo",
+        ),
+        pytest.param("logLevel=verbose", "value must be one of", id="log-level"),
+        pytest.param("webhook.timeoutSeconds=60", "maximum", id="timeout-over-30"),
+        pytest.param("webhook.mutating.failurePolicy=ignore", "value must be one of", id="policy"),
+        pytest.param("replicas=0", "minimum", id="no-replica"),
+        pytest.param("image.pullPolicy=Sometimes", "value must be one of", id="pull-policy"),
+        pytest.param("extraArgs[0]=30", "want string", id="unquoted-number-argument"),
+        pytest.param(
+            "policy.exemptNamespaces={Kube_System}", "does not match pattern", id="namespace"
+        ),
+        pytest.param(
+            "podLabels.app\\.kubernetes\\.io/name=other",
+            "invalid propertyName 'app.kubernetes.io/name'",
+            id="selector-label",
+        ),
+        pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
+        pytest.param(
+            "affinity.podAntiAfinity=null",
+            "additional properties 'podAntiAfinity' not allowed",
+            id="affinity-typo",
+        ),
+    ],
+)
+def test_helm_refuses_values_the_chart_does_not_know(render: Render, value: str, why: str) -> None:
+    with pytest.raises(AssertionError, match=REFUSED) as refused:
+        render("helm", "--set", value)
+    assert why in str(refused.value)
+
+
+# --- the values that place and shape the pods --------------------------------------------------
+
+CUSTOM: dict[str, Any] = {
+    "imagePullSecrets": [{"name": "registry"}],
+    "priorityClassName": "gpuadm-critical",
+    "podAnnotations": {"example.com/owner": "platform"},
+    "podLabels": {"team": "platform"},
+    "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+    "tolerations": [
+        {
+            "key": "node-role.kubernetes.io/control-plane",
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        }
+    ],
+    # Merged into the default: the anti-affinity stays.
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "nvidia.com/gpu.present", "operator": "DoesNotExist"}
+                        ]
+                    }
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "DoNotSchedule",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "gpuadm"}},
+        }
+    ],
+    "logLevel": "debug",
+    "extraArgs": ["--lease-seconds", "30"],
+    "extraEnv": [{"name": "TZ", "value": "UTC"}],
+}
+
+
+@pytest.fixture(scope="module")
+def custom(render: Render, tmp_path_factory: pytest.TempPathFactory) -> list[Obj]:
+    values = tmp_path_factory.mktemp("values") / "values.yaml"
+    values.write_text(yaml.safe_dump(CUSTOM))
+    return render("helm", "-f", str(values))
+
+
+def test_custom_pod_values_land_in_the_pod_template(custom: list[Obj]) -> None:
+    template = _deployment(custom)["spec"]["template"]
+    spec = template["spec"]
+    assert spec["imagePullSecrets"] == CUSTOM["imagePullSecrets"]
+    assert spec["priorityClassName"] == "gpuadm-critical"
+    assert template["metadata"]["annotations"] == CUSTOM["podAnnotations"]
+    assert template["metadata"]["labels"]["team"] == "platform"
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuadm"
+    assert spec["nodeSelector"] == CUSTOM["nodeSelector"]
+    assert spec["tolerations"] == CUSTOM["tolerations"]
+    assert spec["affinity"]["nodeAffinity"] == CUSTOM["affinity"]["nodeAffinity"]
+    (anti,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert anti["podAffinityTerm"]["labelSelector"]["matchLabels"] == {
+        "app.kubernetes.io/name": "gpuadm"
+    }
+    assert spec["topologySpreadConstraints"] == CUSTOM["topologySpreadConstraints"]
+
+
+def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj]) -> None:
+    (container,) = _pod_spec(custom)["containers"]
+    command = container["command"]
+    assert command[command.index("--log-level") + 1] == "debug"
+    assert command[-2:] == ["--lease-seconds", "30"]
+    assert command[:4] == ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)"]
+    assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE", "TZ"]
+
+
+def test_custom_values_render_objects_the_api_accepts(
+    custom: list[Obj], api_client: kubernetes.client.ApiClient
+) -> None:
+    assert schema_errors(api_client, _deployment(custom)) == []
+
+
+def test_the_default_placement_can_be_dropped(render: Render) -> None:
+    spec = _pod_spec(
+        render(
+            "helm",
+            "--set",
+            "affinity=null",
+            "--set",
+            "topologySpreadConstraints=null",
+            "--set",
+            "priorityClassName=",
+        )
+    )
+    for key in ("affinity", "topologySpreadConstraints", "priorityClassName"):
+        assert key not in spec
