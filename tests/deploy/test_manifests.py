@@ -56,6 +56,14 @@ RENDERS: dict[str, tuple[str, ...]] = {
         "--set",
         "certManager.enabled=true",
     ),
+    "helm-mounted-secret": (
+        "helm",
+        *HELM_TEMPLATE,
+        "--namespace",
+        NAMESPACE,
+        "--set",
+        "tls.existingSecret=gpuadm-tls",
+    ),
     "kustomize-client-auth": ("kustomize", "build", "deploy/client-auth"),
     "helm-client-auth": (
         "helm",
@@ -70,11 +78,12 @@ RENDERS: dict[str, tuple[str, ...]] = {
 WITH_CLIENT_AUTH = {"kustomize-client-auth", "helm-client-auth"}
 WITH_CERT_MANAGER = {"kustomize-cert-manager", "helm-cert-manager"}
 # Renders whose pods serve a mounted Secret rather than managing their own TLS.
-MOUNTING_THE_SECRET = {*WITH_CERT_MANAGER, "kustomize-mounted-secret"}
+MOUNTING_THE_SECRET = {*WITH_CERT_MANAGER, "kustomize-mounted-secret", "helm-mounted-secret"}
 # Each kustomize render and the Helm render that must match it.
 COUNTERPARTS = [
     ("kustomize-base", "helm"),
     ("kustomize-cert-manager", "helm-cert-manager"),
+    ("kustomize-mounted-secret", "helm-mounted-secret"),
     ("kustomize-client-auth", "helm-client-auth"),
 ]
 
@@ -550,66 +559,122 @@ def _rules(role: Obj) -> list[tuple[str, str, tuple[str, ...], tuple[str, ...]]]
     )
 
 
+READ = ("get", "list", "watch")
+# What every variant grants: each rule is one or more calls of gpuadm serve
+# (docs/deploy.md#permissions names them).
+SERVE_CLUSTER_RULES = [
+    ("", "namespaces", (), ("get",)),
+    ("", "pods", (), ("get", "list", "patch", "watch")),
+    ("", "events", (), ("create", "get", "update")),
+    ("gpuadm.io", "gpuquotas", (), ("create", "delete", "get", "list", "update")),
+    ("resource.k8s.io", "resourceclaims", (), ("get",)),
+    ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
+]
+SERVE_NAMESPACE_RULES = [
+    ("", "configmaps", (), ("create", "delete", "get", "list", "update", "watch")),
+    ("coordination.k8s.io", "leases", ("gpuadm-leader",), ("get", "update")),
+    ("coordination.k8s.io", "leases", (), ("create",)),
+]
+# Only when gpuadm keeps its own TLS (serve --manage-tls): the caBundles and the Secret.
+MANAGE_TLS_CLUSTER_RULES = [
+    (
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations",
+        ("gpuadm",),
+        ("get", "update"),
+    ),
+    (
+        "admissionregistration.k8s.io",
+        "validatingwebhookconfigurations",
+        ("gpuadm",),
+        ("get", "update"),
+    ),
+]
+MANAGE_TLS_NAMESPACE_RULES = [
+    ("", "secrets", ("gpuadm-tls",), ("get", "update")),
+    ("", "secrets", (), ("create",)),
+]
+TLS_RESOURCES = {"secrets", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
+
+
+def _check_binding(rendered: Rendered, kind: str, role: str) -> None:
+    binding = rendered.one(f"{kind}Binding", role)
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": kind,
+        "name": role,
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpuadm", "namespace": NAMESPACE}
+    ]
+
+
 def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
-    read = ("get", "list", "watch")
-    webhook_write = ("get", "patch", "update")
-    assert _rules(rendered.one("ClusterRole")) == sorted(
-        [
-            ("", "namespaces", (), read),
-            ("", "pods", (), ("get", "list", "patch", "watch")),
-            ("", "events", (), ("create", "get", "update")),
-            ("gpuadm.io", "gpuquotas", (), ("create", "delete", "get", "list", "update")),
-            ("resource.k8s.io", "resourceclaims", (), ("get",)),
-            ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
-            (
-                "admissionregistration.k8s.io",
-                "mutatingwebhookconfigurations",
-                ("gpuadm",),
-                webhook_write,
-            ),
-            (
-                "admissionregistration.k8s.io",
-                "validatingwebhookconfigurations",
-                ("gpuadm",),
-                webhook_write,
-            ),
-        ]
-    )
-    assert _rules(rendered.one("Role")) == sorted(
-        [
-            (
-                "",
-                "configmaps",
-                (),
-                ("create", "delete", "get", "list", "patch", "update", "watch"),
-            ),
-            ("", "events", (), ("create", "patch")),
-            ("", "secrets", ("gpuadm-tls",), ("get", "patch", "update")),
-            ("", "secrets", (), ("create",)),
-            ("coordination.k8s.io", "leases", ("gpuadm-leader",), ("get", "update")),
-            ("coordination.k8s.io", "leases", (), ("create",)),
-        ]
-    )
+    assert _rules(rendered.one("ClusterRole")) == sorted(SERVE_CLUSTER_RULES)
+    assert _rules(rendered.one("Role")) == sorted(SERVE_NAMESPACE_RULES)
+    for kind in ("ClusterRole", "Role"):
+        _check_binding(rendered, kind, "gpuadm")
+    managing = rendered.name not in MOUNTING_THE_SECRET
+    if managing:
+        assert _rules(rendered.one("ClusterRole", "gpuadm-manage-tls")) == sorted(
+            MANAGE_TLS_CLUSTER_RULES
+        )
+        assert _rules(rendered.one("Role", "gpuadm-manage-tls")) == sorted(
+            MANAGE_TLS_NAMESPACE_RULES
+        )
+        for kind in ("ClusterRole", "Role"):
+            _check_binding(rendered, kind, "gpuadm-manage-tls")
+    # Serving a Secret that cert-manager or the admin keeps, gpuadm can neither read nor
+    # write any Secret, nor touch a webhook configuration.
+    rbac_kinds = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
+    manage_tls = [o for o in rendered.objects if o["metadata"]["name"] == "gpuadm-manage-tls"]
+    assert len(manage_tls) == (4 if managing else 0)
+    assert all(o["kind"] in rbac_kinds for o in manage_tls)
+    granted = {
+        resource
+        for kind in ("ClusterRole", "Role")
+        for role in rendered.all(kind)
+        for _, resource, _, _ in _rules(role)
+    }
+    assert (granted >= TLS_RESOURCES) is managing
+    assert not (TLS_RESOURCES & granted) or managing
     # Tenants read GPUQuota objects through view, edit and admin, and can do nothing more.
     viewer = rendered.one("ClusterRole", "gpuadm-quota-view")
-    assert _rules(viewer) == [("gpuadm.io", "gpuquotas", (), read)]
+    assert _rules(viewer) == [("gpuadm.io", "gpuquotas", (), READ)]
     assert {
         f"rbac.authorization.k8s.io/aggregate-to-{role}" for role in ("view", "edit", "admin")
     } <= {k for k, v in viewer["metadata"]["labels"].items() if v == "true"}
     for kind in ("ClusterRole", "Role"):
-        for group, resource, _, verbs in _rules(rendered.one(kind)):
-            assert "*" not in (group, resource, *verbs)
-    for binding_kind, role_kind in (("ClusterRoleBinding", "ClusterRole"), ("RoleBinding", "Role")):
-        binding = rendered.one(binding_kind)
-        assert binding["roleRef"] == {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": role_kind,
-            "name": "gpuadm",
-        }
-        assert binding["subjects"] == [
-            {"kind": "ServiceAccount", "name": "gpuadm", "namespace": NAMESPACE}
-        ]
+        for role in rendered.all(kind):
+            for group, resource, _, verbs in _rules(role):
+                assert "*" not in (group, resource, *verbs)
     assert rendered.one("ServiceAccount")
+
+
+def test_helm_serves_a_secret_of_the_admins_own_naming(render: Render) -> None:
+    rendered = Rendered("helm", render("helm", "--set", "tls.existingSecret=my-tls"))
+    pod_spec = rendered.one("Deployment")["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod_spec["volumes"] if v["name"] == "tls"]
+    assert volume["secret"] == {"secretName": "my-tls"}
+    assert "--cert-file" in pod_spec["containers"][0]["command"]
+    assert [o for o in rendered.objects if o["metadata"]["name"] == "gpuadm-manage-tls"] == []
+    monitored = Rendered(
+        "helm",
+        render(
+            "helm",
+            "--set",
+            "tls.existingSecret=my-tls",
+            "--set",
+            "monitoring.serviceMonitor.enabled=true",
+        ),
+    )
+    (endpoint,) = monitored.one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "my-tls", "key": "ca.crt"}
+
+
+def test_helm_refuses_two_keepers_of_the_certificate(render: Render) -> None:
+    with pytest.raises(AssertionError, match=r"certManager\.enabled and tls\.existingSecret both"):
+        render("helm", "--set", "certManager.enabled=true", "--set", "tls.existingSecret=x")
 
 
 def test_network_policy_allows_the_webhook_port_apiserver_and_dns_only(

@@ -487,7 +487,8 @@ def test_kustomize_service_monitor_scrapes_the_base_service(
 
 def test_the_ca_secret_is_the_one_gpuadm_and_cert_manager_write(render: Render) -> None:
     managed = Rendered("helm", render("helm"))
-    secrets = [r for r in managed.one("Role")["rules"] if "secrets" in r["resources"]]
+    role = managed.one("Role", "gpuadm-manage-tls")
+    secrets = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert any(r.get("resourceNames") == ["gpuadm-tls"] for r in secrets)
     certificate = Rendered("cm", render("kustomize-cert-manager")).one("Certificate")["spec"]
     assert certificate["secretName"] == "gpuadm-tls"

@@ -17,6 +17,22 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
+{{/*
+The Secret the pods serve, mounted, when something else keeps it: cert-manager's gpuadm-tls,
+or the admin's tls.existingSecret. Empty when gpuadm keeps its own TLS (serve --manage-tls).
+*/}}
+{{- define "gpuadm.mountedSecret" -}}
+{{- if and .Values.certManager.enabled .Values.tls.existingSecret }}
+{{- fail "certManager.enabled and tls.existingSecret both name who keeps the serving certificate: set one" }}
+{{- end }}
+{{- if .Values.certManager.enabled }}gpuadm-tls{{ else }}{{ .Values.tls.existingSecret }}{{ end }}
+{{- end }}
+
+{{/* Non-empty when gpuadm keeps its own TLS: the Secret gpuadm-tls and the caBundles. */}}
+{{- define "gpuadm.managesTls" -}}
+{{- if not (include "gpuadm.mountedSecret" .) }}true{{ end }}
+{{- end }}
+
 {{/* The prefix of gpuadm's own keys: policy.domain, as gpuadm reads it. */}}
 {{- define "gpuadm.domain" -}}
 {{- .Values.policy.domain | default "gpuadm.io" -}}
