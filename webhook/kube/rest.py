@@ -1,15 +1,20 @@
-"""The calls on the admission path, made straight to the apiserver from the event loop.
+"""Every call gpuadm makes to the apiserver, straight from the event loop.
 
 A quota admission reads and writes the namespace's usage record, and asks whether the
 namespace exists, while the apiserver waits for the answer. The official client is
 synchronous: every call would hop to a worker thread and through its object machinery.
-These few calls go over one keep-alive aiohttp session instead, with the same server,
-CA, client certificate and token (re-read on each call, so rotated tokens are used).
+These calls go over one keep-alive aiohttp session instead, with the server, CA, client
+certificate and token that the kubeconfig names (the token re-read on each call, so rotated
+tokens are used). The rest of what a replica reads and writes (the pod watch, the config's
+ConfigMaps, Leases, Events, the TLS Secret and caBundles) shares the session, and the
+one-shot commands make the same calls from an event loop of their own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -39,11 +44,17 @@ WATCH_GRACE_SECONDS = 30.0
 WatchEvent = dict[str, Any]
 
 
+ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 COORDINATION_API = "/apis/coordination.k8s.io/v1"
 CORE_API = "/api/v1"
 # gpuadm's own API: the GPUQuota objects that show tenants their quota (deploy/base/crd.yaml).
 GPUADM_API = "/apis/gpuadm.io/v1alpha1"
 JSON_PATCH = "application/json-patch+json"
+# gpuadm's two webhook configurations, by the kind the TLS keeper names them with.
+WEBHOOK_CONFIGURATIONS = {
+    "mutating": "mutatingwebhookconfigurations",
+    "validating": "validatingwebhookconfigurations",
+}
 
 
 class AsyncApi:
@@ -93,10 +104,13 @@ class AsyncApi:
             timeout_seconds=timeout_seconds,
         )
 
-    def list_pods(self, label_selector: str = "") -> AsyncGenerator[Page]:
-        """Yield the pods of every namespace with the labels, page by page; the first page's
-        version is the list's."""
-        return self.list_pages(f"{CORE_API}/pods", label_selector)
+    def list_pods(
+        self, label_selector: str = "", *, namespace: str | None = None
+    ) -> AsyncGenerator[Page]:
+        """Yield the pods of every namespace (or of one) with the labels, page by page; the
+        first page's version is the list's."""
+        path = f"{CORE_API}/pods" if namespace is None else _namespaced(CORE_API, namespace, "pods")
+        return self.list_pages(path, label_selector)
 
     def watch_pods(
         self, *, label_selector: str, resource_version: str, timeout_seconds: int
@@ -108,6 +122,31 @@ class AsyncApi:
             resource_version=resource_version,
             timeout_seconds=timeout_seconds,
         )
+
+    async def get_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Secret, or None if it does not exist."""
+        return await self._call_or_none("GET", _namespaced(CORE_API, namespace, "secrets", name))
+
+    async def create_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Create a Secret; a 409 means someone created it first."""
+        return await self._call("POST", _namespaced(CORE_API, namespace, "secrets"), body)
+
+    async def replace_secret(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        """Replace a Secret at the resourceVersion in `body`; a 409 means it changed."""
+        path = _namespaced(CORE_API, namespace, "secrets", body["metadata"]["name"])
+        return await self._call("PUT", path, body)
+
+    async def get_webhook_configuration(self, kind: str, name: str) -> dict[str, Any] | None:
+        """Return the Mutating- (`kind` "mutating") or ValidatingWebhookConfiguration
+        `name`, or None if it does not exist."""
+        return await self._call_or_none("GET", _webhook_configuration_path(kind, name))
+
+    async def replace_webhook_configuration(
+        self, kind: str, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Replace a webhook configuration at its resourceVersion; a 409 means it changed."""
+        path = _webhook_configuration_path(kind, body["metadata"]["name"])
+        return await self._call("PUT", path, body)
 
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """Return a Namespace, or None if it does not exist."""
@@ -334,7 +373,8 @@ class AsyncApi:
                 payload = await response.read()
                 status = response.status
         except (aiohttp.ClientError, TimeoutError, OSError) as error:
-            raise KubeError(0, f"{method} {path}: {error or type(error).__name__}") from None
+            # The cause stays attached, for a command to say why no answer came (`plainly`).
+            raise KubeError(0, f"{method} {path}: {error or type(error).__name__}") from error
         if status >= 400:
             raise KubeError(status, status_message(payload, f"HTTP {status}"))
         result: dict[str, Any] = orjson.loads(payload)
@@ -374,6 +414,34 @@ async def _lines(stream: aiohttp.StreamReader) -> AsyncIterator[bytes]:
                 yield line
     if (last := b"".join(pending)).strip():
         yield last
+
+
+def plainly(error: KubeError, endpoint: Endpoint) -> KubeError:
+    """Return a failed call as a command tells its user: the apiserver's answer as it came,
+    or, when none came, where the apiserver was and why it could not be reached
+    (`cannot reach the apiserver at https://10.0.0.1:6443: Connection refused`)."""
+    cause = error.__cause__
+    if error.status or cause is None:
+        return error
+    return KubeError(0, f"cannot reach the apiserver at {endpoint.host}: {_why(cause)}")
+
+
+def _why(error: BaseException) -> str:
+    """Say why a connection failed as the system says it, without aiohttp's wrapping (which
+    names the connection's SSL context object)."""
+    if isinstance(error, aiohttp.ClientConnectorCertificateError):
+        return str(error.certificate_error)
+    reason = error.os_error if isinstance(error, aiohttp.ClientConnectorError) else error
+    if isinstance(reason, OSError) and not isinstance(reason, ssl.SSLError):
+        if reason.errno and reason.errno > 0:
+            return os.strerror(reason.errno)  # "Connection refused", not the call that failed
+        if reason.strerror:
+            return reason.strerror  # a resolver's error: "Name or service not known"
+    return str(reason) or type(reason).__name__
+
+
+def _webhook_configuration_path(kind: str, name: str) -> str:
+    return f"{ADMISSION_API}/{WEBHOOK_CONFIGURATIONS[kind]}/{quote(name, safe='')}"
 
 
 def _namespaced(api: str, namespace: str, resource: str, name: str | None = None) -> str:

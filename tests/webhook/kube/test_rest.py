@@ -1,5 +1,6 @@
 """Lists and watches over the async client, against a small server that speaks as the
-apiserver does: pages with `continue` tokens, and watches streamed a line per event."""
+apiserver does: pages with `continue` tokens, watches streamed a line per event, the TLS
+keeper's objects, and failures as a command says them."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from webhook.kube.endpoint import LIST_PAGE_SIZE, Endpoint
 from webhook.kube.errors import KubeError
-from webhook.kube.rest import AsyncApi, WatchEvent
+from webhook.kube.rest import AsyncApi, WatchEvent, plainly
 
 MakeServer = Callable[[web.Application], Awaitable[TestServer]]
 
@@ -179,3 +180,83 @@ async def test_an_unreachable_apiserver_is_a_kube_error_without_status() -> None
         assert unreachable.value.status == 0
     finally:
         await api.close()
+
+
+async def test_the_tls_secret_and_webhook_configurations_are_read_and_written_at_their_paths(
+    aiohttp_server: MakeServer,
+) -> None:
+    stored: dict[str, dict[str, Any]] = {}
+    calls: list[tuple[str, str]] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        calls.append((request.method, request.path))
+        if request.method == "GET":
+            if request.path not in stored:
+                status = {"kind": "Status", "message": "not found", "code": 404}
+                return web.json_response(status, status=404)
+            return web.json_response(stored[request.path])
+        body = await request.json()
+        path = (
+            request.path
+            if request.method == "PUT"
+            else f"{request.path}/{body['metadata']['name']}"
+        )
+        stored[path] = body
+        return web.json_response(body, status=201 if request.method == "POST" else 200)
+
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    secret = {"metadata": {"name": "gpuadm-tls", "namespace": "gpuadm-system"}, "data": {}}
+    configuration = {"metadata": {"name": "gpuadm"}, "webhooks": []}
+    stored["/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/gpuadm"] = (
+        configuration
+    )
+    async with api_on(aiohttp_server, app) as api:
+        assert await api.get_secret("gpuadm-system", "gpuadm-tls") is None
+        await api.create_secret("gpuadm-system", secret)
+        await api.replace_secret("gpuadm-system", secret)
+        assert await api.get_secret("gpuadm-system", "gpuadm-tls") == secret
+        assert await api.get_webhook_configuration("mutating", "gpuadm") is None
+        found = await api.get_webhook_configuration("validating", "gpuadm")
+        assert found == configuration
+        await api.replace_webhook_configuration("validating", configuration)
+    secrets = "/api/v1/namespaces/gpuadm-system/secrets"
+    admission = "/apis/admissionregistration.k8s.io/v1"
+    assert calls == [
+        ("GET", f"{secrets}/gpuadm-tls"),
+        ("POST", secrets),
+        ("PUT", f"{secrets}/gpuadm-tls"),
+        ("GET", f"{secrets}/gpuadm-tls"),
+        ("GET", f"{admission}/mutatingwebhookconfigurations/gpuadm"),
+        ("GET", f"{admission}/validatingwebhookconfigurations/gpuadm"),
+        ("PUT", f"{admission}/validatingwebhookconfigurations/gpuadm"),
+    ]
+
+
+async def test_a_command_says_where_the_apiserver_was_not_found_and_why() -> None:
+    api = AsyncApi(Endpoint("http://127.0.0.1:9", None, None, None, False, lambda: None))
+    try:
+        with pytest.raises(KubeError) as unreachable:
+            await api.get_secret("gpuadm-system", "gpuadm-tls")
+    finally:
+        await api.close()
+    said = plainly(unreachable.value, api.endpoint)
+    assert said.status == 0
+    assert str(said) == "cannot reach the apiserver at http://127.0.0.1:9: Connection refused"
+
+
+async def test_a_command_passes_the_apiservers_answer_on_as_it_came(
+    aiohttp_server: MakeServer,
+) -> None:
+    async def forbidden(request: web.Request) -> web.Response:
+        status = {"kind": "Status", "message": "secrets is forbidden", "code": 403}
+        return web.json_response(status, status=403)
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", forbidden)
+    async with api_on(aiohttp_server, app) as api:
+        with pytest.raises(KubeError) as refused:
+            await api.get_secret("gpuadm-system", "gpuadm-tls")
+    said = plainly(refused.value, api.endpoint)
+    assert said is refused.value
+    assert str(said) == "403: secrets is forbidden"
