@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import ssl
 import subprocess
 import sys
-import threading
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,8 +23,9 @@ from certs import verify_chain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import shipped_webhook_configurations
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
-from webhook.kube.client import Kube
-from webhook.tls.keeper import TLSKeeper, TLSTarget
+from webhook.kube.client import connect
+from webhook.kube.rest import AsyncApi
+from webhook.tls.keeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget
 
 
 @pytest.fixture
@@ -50,14 +51,26 @@ def target(
     admission.delete_validating_webhook_configuration(name)
 
 
-def bundles(kube: Kube, name: str) -> list[bytes]:
-    found = []
-    for kind in ("mutating", "validating"):
-        configuration = kube.get_webhook_configuration(kind, name)
-        assert configuration is not None
-        for webhook in configuration["webhooks"]:
-            found.append(base64.b64decode(webhook["clientConfig"]["caBundle"]))
-    return found
+def api_of(plane: ControlPlane) -> AsyncApi:
+    """A client of its own, as each replica has: the admin's kubeconfig, read as serve reads it."""
+    return AsyncApi(connect(str(plane.kubeconfig_path)).endpoint())
+
+
+def bundles(plane: ControlPlane, name: str) -> list[bytes]:
+    async def read() -> list[bytes]:
+        api = api_of(plane)
+        try:
+            found = []
+            for kind in WEBHOOK_KINDS:
+                configuration = await api.get_webhook_configuration(kind, name)
+                assert configuration is not None
+                for webhook in configuration["webhooks"]:
+                    found.append(base64.b64decode(webhook["clientConfig"]["caBundle"]))
+            return found
+        finally:
+            await api.close()
+
+    return asyncio.run(read())
 
 
 def keeper(
@@ -66,7 +79,20 @@ def keeper(
     directory: Path,
     clock: Callable[[], datetime] = lambda: datetime.now(UTC),
 ) -> TLSKeeper:
-    return TLSKeeper(Kube(plane.api_client()), target, directory, clock=clock)
+    return TLSKeeper(api_of(plane), target, directory, clock=clock)
+
+
+def sync(*keepers: TLSKeeper, rotate: bool = False) -> None:
+    """Run one pass of every keeper at once, as replicas that start together do."""
+
+    async def passes() -> None:
+        try:
+            await asyncio.gather(*(k.sync(rotate=rotate) for k in keepers))
+        finally:
+            for k in keepers:
+                await k.api.close()
+
+    asyncio.run(passes())
 
 
 def test_two_replicas_starting_at_once_end_with_one_ca(
@@ -84,17 +110,7 @@ def test_two_replicas_starting_at_once_end_with_one_ca(
         keepers = [
             keeper(control_plane, race_target, tmp_path / f"{attempt}-{i}") for i in range(2)
         ]
-        start = threading.Barrier(2)
-
-        def run(k: TLSKeeper, barrier: threading.Barrier) -> None:
-            barrier.wait()
-            k.sync()
-
-        threads = [threading.Thread(target=run, args=(k, start)) for k in keepers]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
+        sync(*keepers)
         first, second = (k.state for k in keepers)
         assert first is not None
         assert second is not None
@@ -102,10 +118,9 @@ def test_two_replicas_starting_at_once_end_with_one_ca(
         assert (tmp_path / f"{attempt}-0" / "tls.crt").read_bytes() == (
             tmp_path / f"{attempt}-1" / "tls.crt"
         ).read_bytes()
-    kube = Kube(control_plane.api_client())
     served = (tmp_path / "4-0" / "tls.crt").read_bytes()
     now = datetime.now(UTC)
-    for bundle in bundles(kube, target.webhook_configuration):
+    for bundle in bundles(control_plane, target.webhook_configuration):
         verify_chain(served, bundle, hostname_or_ip="127.0.0.1", now=now)
         verify_chain(served, bundle, hostname_or_ip=target.dns_names[0], now=now)
 
@@ -114,18 +129,18 @@ def test_rotation_keeps_trusting_the_old_ca_while_serving_from_the_new(
     control_plane: ControlPlane, target: TLSTarget, tmp_path: Path
 ) -> None:
     replica = keeper(control_plane, target, tmp_path / "a")
-    replica.sync()
+    sync(replica)
     before = (tmp_path / "a" / "tls.crt").read_bytes()
-    replica.sync(rotate=True)
+    sync(replica, rotate=True)
     after = (tmp_path / "a" / "tls.crt").read_bytes()
     assert before != after
     now = datetime.now(UTC)
-    for bundle in bundles(Kube(control_plane.api_client()), target.webhook_configuration):
+    for bundle in bundles(control_plane, target.webhook_configuration):
         assert bundle.count(b"BEGIN CERTIFICATE") == 2
         verify_chain(before, bundle, hostname_or_ip="127.0.0.1", now=now)
         verify_chain(after, bundle, hostname_or_ip="127.0.0.1", now=now)
     other = keeper(control_plane, target, tmp_path / "b")
-    other.sync()
+    sync(other)
     assert (tmp_path / "b" / "tls.crt").read_bytes() == after
 
 
@@ -134,11 +149,11 @@ def test_renewal_is_due_by_the_clock_and_keeps_the_ca(
 ) -> None:
     now = datetime.now(UTC)
     replica = keeper(control_plane, target, tmp_path / "a")
-    replica.sync()
+    sync(replica)
     assert replica.state is not None
     ca, serving = replica.state.ca, replica.state.serving
     later = keeper(control_plane, target, tmp_path / "b", clock=lambda: now + timedelta(days=300))
-    later.sync()
+    sync(later)
     assert later.state is not None
     assert later.state.ca == ca
     assert later.state.serving.not_after > serving.not_after
@@ -175,7 +190,7 @@ def test_only_gpuadms_own_webhook_configurations_are_touched(
     }
     admission.create_validating_webhook_configuration(bystander)
     try:
-        keeper(control_plane, target, tmp_path).sync(rotate=True)
+        sync(keeper(control_plane, target, tmp_path), rotate=True)
         stored = admission.read_validating_webhook_configuration(bystander["metadata"]["name"])
         assert stored.webhooks[0].client_config.ca_bundle is None
     finally:
@@ -262,7 +277,7 @@ def test_serve_manages_its_own_tls_as_the_deployment_runs_it(
     try:
         wait_until_listening(process, port, (tmp_path / "serve.log").read_text)
         # Trust exactly what the apiserver would: the caBundle gpuadm wrote.
-        (bundle, *_) = bundles(Kube(control_plane.api_client()), target.webhook_configuration)
+        (bundle, *_) = bundles(control_plane, target.webhook_configuration)
         context = ssl.create_default_context(cadata=bundle.decode())
         url = f"https://127.0.0.1:{port}/healthz"
         with urllib.request.urlopen(url, context=context, timeout=10) as response:

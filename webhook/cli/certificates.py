@@ -15,7 +15,7 @@ from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from webhook.kube.client import Kube
+    from webhook.kube.rest import AsyncApi
     from webhook.tls.keeper import TLSTarget
 
 # The certificate and cluster libraries are imported by the actions that use them, so that
@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     """Run one `gpuadm certs` action; return the exit code."""
     from certs import describe, service_dns_names, write_tls_dir
     from certs.rotation import issue
-    from webhook.kube.client import KubeError, connect
+    from webhook.cli.cluster import call, cluster_api
+    from webhook.kube.errors import KubeError
     from webhook.tls.keeper import TLSKeeper
 
     now = datetime.now(UTC)
@@ -87,14 +88,15 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.certs_command == "show" and args.dir is not None:
         return _show_files(args.dir, args, now)
     try:
-        kube = connect(args.kubeconfig, context=args.context)
+        api = cluster_api(args)
         if args.certs_command == "show":
-            return _show_cluster(kube, args, now)
+            stored, configurations = call(api, _read_tls(api, args))
+            return _show_cluster(stored, configurations, args, now)
         import tempfile
 
         scratch = Path(tempfile.mkdtemp(prefix="gpuadm-certs-"))
-        keeper = TLSKeeper(kube, target_of(args), scratch)
-        keeper.sync(rotate=args.certs_command == "rotate")
+        keeper = TLSKeeper(api, target_of(args), scratch)
+        call(api, keeper.sync(rotate=args.certs_command == "rotate"))
     except KubeError as error:
         raise CommandError(str(error)) from None
     assert keeper.state is not None
@@ -121,18 +123,37 @@ def _show_files(directory: Path, args: argparse.Namespace, now: datetime) -> Exi
     return _verdict(shown, problems, args.output)
 
 
-def _show_cluster(kube: Kube, args: argparse.Namespace, now: datetime) -> ExitCode:
-    from webhook.tls.keeper import WEBHOOK_KINDS, secret_data
+async def _read_tls(
+    api: AsyncApi, args: argparse.Namespace
+) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any] | None]]:
+    """Read the TLS Secret, and if there is one, both webhook configurations by kind."""
+    from webhook.tls.keeper import WEBHOOK_KINDS
 
-    secret = kube.get_secret(args.gpuadm_namespace, args.tls_secret)
+    secret = await api.get_secret(args.gpuadm_namespace, args.tls_secret)
+    if secret is None:
+        return None, {}
+    configurations = {
+        kind: await api.get_webhook_configuration(kind, args.webhook_configuration)
+        for kind in WEBHOOK_KINDS
+    }
+    return secret, configurations
+
+
+def _show_cluster(
+    secret: dict[str, Any] | None,
+    configurations: dict[str, dict[str, Any] | None],
+    args: argparse.Namespace,
+    now: datetime,
+) -> ExitCode:
+    from webhook.tls.keeper import secret_data
+
     if secret is None:
         print(f"no Secret {args.gpuadm_namespace}/{args.tls_secret}; run `gpuadm certs install`")
         return ExitCode.REFUSED
     data = secret_data(secret)
     shown = Shown()
     problems = _check_material(data, _host(args), now, shown)
-    for kind in WEBHOOK_KINDS:
-        configuration = kube.get_webhook_configuration(kind, args.webhook_configuration)
+    for kind, configuration in configurations.items():
         if configuration is None:
             problems.append(f"{kind} webhook configuration {args.webhook_configuration}: not found")
             continue

@@ -107,8 +107,9 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     from certs import CertificateReloader, server_ssl_context
     from webhook.cli.certificates import target_of
+    from webhook.cli.cluster import call, cluster_api
     from webhook.cli.config_files import load_config
-    from webhook.kube.client import KubeError, connect
+    from webhook.kube.errors import KubeError
     from webhook.observe import logs
     from webhook.observe.audit_log import AuditLog
     from webhook.server import listener
@@ -125,18 +126,20 @@ def run(args: argparse.Namespace) -> ExitCode:
     if args.manage_tls and (args.policy or cert_file):
         raise CommandError("--manage-tls is for a cluster: give neither --policy nor --cert-file")
     try:
-        kube = None if args.policy else connect(args.kubeconfig, context=args.context)
+        api = None if args.policy else cluster_api(args)
     except KubeError as error:
         raise CommandError(
             f"{error} (give --policy FILE to run standalone, without a cluster)"
         ) from None
     keeper = None
     if args.manage_tls:
-        assert kube is not None
+        assert api is not None
         directory = args.tls_dir or Path(tempfile.mkdtemp(prefix="gpuadm-tls-"))
-        keeper = TLSKeeper(kube, target_of(args), directory)
+        keeper = TLSKeeper(api, target_of(args), directory)
         try:
-            paths = keeper.sync()
+            # Before serving, to serve from the start what the Secret holds; the app's loop
+            # then opens the client's connections anew, shared by the keeper's later checks.
+            paths = call(api, keeper.sync())
         except KubeError as error:
             raise CommandError(
                 f"cannot set up TLS from Secret {args.tls_secret}: {error}"
@@ -172,12 +175,12 @@ def run(args: argparse.Namespace) -> ExitCode:
     except (OSError, ssl.SSLError) as error:
         raise CommandError(f"cannot load the TLS files: {error}") from None
     reloader = CertificateReloader(ssl_context, cert_file, key_file)
-    if kube is None:
+    if api is None:
         snapshot = load_config(args.policy, args.quotas)
         app = standalone_app(settings, snapshot, audit=audit, tls=reloader)
     else:
         extra = (Background("tls-keeper", keeper.run),) if keeper else ()
-        app = cluster_app(settings, kube, audit=audit, tls=reloader, extra=extra)
+        app = cluster_app(settings, api, audit=audit, tls=reloader, extra=extra)
     # What is loaded by now (modules, the config, the app) lives as long as the process.
     # Frozen, the collector no longer walks it in each full collection: with the Kubernetes
     # client loaded, such a walk held the event loop for 40 to 160 ms under load.

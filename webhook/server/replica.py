@@ -16,7 +16,6 @@ from webhook.claims.templates import ClusterTemplates
 from webhook.config.configmap_source import ConfigMapSource
 from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
-from webhook.kube.client import Kube
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter, PodEvents
 from webhook.leader.lease import LeaseElector
@@ -96,20 +95,20 @@ def standalone_app(
 
 def cluster_app(
     settings: Settings,
-    kube: Kube,
+    api: AsyncApi,
     *,
     audit: AuditLog | None = None,
     tls: CertificateReloader | None = None,
     extra: tuple[Background, ...] = (),
 ) -> web.Application:
-    """Serve from the cluster: ConfigMaps, the pod watch and shared usage records.
+    """Serve from the cluster through `api`: ConfigMaps, the pod watch and shared usage
+    records. The app holds `api`'s session open, and closes it when it stops.
 
-    `extra` is more background work for the life of the app (the TLS keeper).
+    `extra` is more background work for the life of the app (the TLS keeper, on `api` too).
     """
     metrics = Metrics()
     holder = ConfigHolder(metrics=metrics)
     usage = UsageIndex()
-    api = AsyncApi(kube.endpoint())
     pods = PodWatcher(api, usage, holder, metrics)
     config = ConfigMapSource(
         api,

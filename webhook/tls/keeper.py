@@ -11,6 +11,10 @@ gpuadm's two webhook configurations (and no others) kept in step with it.
   which the apiserver distrusts the certificate a replica serves.
 - Each replica writes the Secret's certificate and key to a local directory, where the
   certificate reloader picks them up without a restart.
+
+The calls go through the async client (`webhook.kube.rest`), on the replica's event loop and
+session; the certificates are read, issued and written in a worker thread, so that no key is
+made on the loop that answers reviews.
 """
 
 from __future__ import annotations
@@ -22,11 +26,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from certs import TLSPaths, ca_bundle, load_certified_key, write_tls_dir
 from certs.rotation import TLSState, issue, renewed, rotate_ca
-from webhook.kube.client import MANAGED_BY, Kube, KubeError
+from webhook.kube.errors import KubeError
+from webhook.kube.objects import MANAGED_BY
+
+if TYPE_CHECKING:
+    from webhook.kube.rest import AsyncApi
 
 log = logging.getLogger("gpuadm.tls")
 
@@ -55,17 +63,17 @@ class TLSKeeper:
 
     def __init__(
         self,
-        kube: Kube,
+        api: AsyncApi,
         target: TLSTarget,
         directory: Path,
         *,
         clock: Callable[[], datetime] = lambda: datetime.now(UTC),
     ) -> None:
-        """Keep `target` through `kube`, writing the serving pair to `directory`.
+        """Keep `target` through `api`, writing the serving pair to `directory`.
 
         `clock` is the time renewals are judged by; tests move it forward.
         """
-        self.kube = kube
+        self.api = api
         self.target = target
         self.directory = directory
         self.clock = clock
@@ -79,33 +87,41 @@ class TLSKeeper:
         while True:
             await asyncio.sleep(every)
             try:
-                await asyncio.to_thread(self.sync)
+                await self.sync()
             except KubeError as error:
                 log.warning("TLS check failed, retrying later: %s", error)
                 continue
             progress()
 
-    def sync(self, *, rotate: bool = False) -> TLSPaths:
+    async def sync(self, *, rotate: bool = False) -> TLSPaths:
         """One pass: read, renew or rotate if due (or asked), trust, store, write files."""
         for _ in range(MAX_SYNC_ATTEMPTS):
-            secret = self.kube.get_secret(self.target.namespace, self.target.secret)
-            state = _state_of(secret) if secret else None
-            next_state = self._next(state, rotate=rotate)
+            secret = await self.api.get_secret(self.target.namespace, self.target.secret)
+            state, next_state = await asyncio.to_thread(self._read_and_next, secret, rotate)
             try:
                 if next_state is not None:
-                    self.trust(next_state)
-                    self._store(next_state, secret)
+                    await self.trust(next_state)
+                    await self._store(next_state, secret)
                     log.info("TLS material %s", "created" if state is None else "renewed")
                     state = next_state
                 assert state is not None
-                self.trust(state)
+                await self.trust(state)
             except KubeError as error:
                 if error.status == 409:
                     continue  # another replica wrote first: adopt what it wrote
                 raise
             self.state = state
-            return write_tls_dir(self.directory, ca=state.ca, serving=state.serving)
+            return await asyncio.to_thread(
+                write_tls_dir, self.directory, ca=state.ca, serving=state.serving
+            )
         raise KubeError(409, f"Secret {self.target.secret} kept changing; try again")
+
+    def _read_and_next(
+        self, secret: dict[str, Any] | None, rotate: bool
+    ) -> tuple[TLSState | None, TLSState | None]:
+        """Return the Secret's material, and what replaces it if anything is due."""
+        state = _state_of(secret) if secret else None
+        return state, self._next(state, rotate=rotate)
 
     def _next(self, state: TLSState | None, *, rotate: bool) -> TLSState | None:
         now = self.clock()
@@ -116,11 +132,11 @@ class TLSKeeper:
             return rotate_ca(state, now=now, **names)
         return renewed(state, now=now, **names)
 
-    def trust(self, state: TLSState) -> None:
+    async def trust(self, state: TLSState) -> None:
         """Merge the state's CAs into both webhook configurations' caBundle (by name only)."""
         now = self.clock()
         for kind in WEBHOOK_KINDS:
-            configuration = self.kube.get_webhook_configuration(
+            configuration = await self.api.get_webhook_configuration(
                 kind, self.target.webhook_configuration
             )
             if configuration is None:
@@ -140,9 +156,9 @@ class TLSKeeper:
                     client["caBundle"] = encoded
                     changed = True
             if changed:
-                self.kube.replace_webhook_configuration(kind, configuration)
+                await self.api.replace_webhook_configuration(kind, configuration)
 
-    def _store(self, state: TLSState, secret: dict[str, Any] | None) -> None:
+    async def _store(self, state: TLSState, secret: dict[str, Any] | None) -> None:
         data = {
             "tls.crt": state.serving.cert_pem,
             "tls.key": state.serving.key_pem,
@@ -164,10 +180,10 @@ class TLSKeeper:
             "data": {key: base64.b64encode(value).decode() for key, value in data.items()},
         }
         if secret is None:
-            self.kube.create_secret(self.target.namespace, body)
+            await self.api.create_secret(self.target.namespace, body)
         else:
             metadata["resourceVersion"] = secret["metadata"]["resourceVersion"]
-            self.kube.replace_secret(self.target.namespace, body)
+            await self.api.replace_secret(self.target.namespace, body)
 
 
 def secret_data(secret: dict[str, Any]) -> dict[str, bytes]:
