@@ -16,7 +16,7 @@ from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
     from webhook.config.snapshot import ConfigSnapshot
-    from webhook.kube.client import Kube
+    from webhook.kube.rest import AsyncApi
     from webhook.quota.report import ClassReport
 
 # The cluster and quota modules are imported by the functions that read the cluster, so
@@ -57,11 +57,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def run(args: argparse.Namespace) -> ExitCode:
     """Print the reports."""
-    from webhook.kube.client import KubeError, connect
+    from webhook.cli.cluster import call, cluster_api
+    from webhook.kube.errors import KubeError
 
     try:
-        kube = connect(args.kubeconfig, context=args.context)
-        reports = cluster_reports(kube, args.gpuadm_namespace, only=args.tenant)
+        api = cluster_api(args)
+        reports = call(api, cluster_reports(api, args.gpuadm_namespace, only=args.tenant))
     except KubeError as error:
         raise CommandError(f"cannot read the cluster: {error}") from None
     if args.output == "json":
@@ -73,23 +74,23 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> list[ClassReport]:
+async def cluster_reports(
+    api: AsyncApi, gpuadm_namespace: str, *, only: str | None
+) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts."""
     from policies.queue import Waiting
-    from webhook.kube.client import USAGE_RECORD_LABEL
+    from webhook.kube.objects import USAGE_RECORD_LABEL
     from webhook.quota.configmap_store import record_of
     from webhook.quota.ledger import RESERVATION_TTL
     from webhook.quota.report import namespace_report, reported_namespaces, reservations_to_report
     from webhook.quota.reservations import Reservation
     from webhook.quota.usage import Holding, pod_state
 
-    config = _config(kube, gpuadm_namespace)
+    config = await _config(api, gpuadm_namespace)
     holdings: dict[str, Holding] = {}
     waiting: dict[str, Waiting] = {}
     ended: set[str] = set()
-    token = None
-    while True:
-        page = kube.list_pods(token=token, namespace=only)
+    async for page in api.list_pods(namespace=only):
         for pod in page.items:
             uid = str(pod["metadata"]["uid"])
             state = pod_state(pod, config.policy, config.quotas)
@@ -99,13 +100,10 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
                 waiting[uid] = state
             else:
                 ended.add(uid)
-        token = page.next_token
-        if not token:
-            break
     reserved: dict[str, list[Reservation]] = {}
     charged: set[str] = set()  # gated pods with a reservation: their gate is about to go
     now = time.time()
-    records = kube.list_configmaps(gpuadm_namespace, label_selector=USAGE_RECORD_LABEL).items
+    records = (await api.list_configmaps(gpuadm_namespace, USAGE_RECORD_LABEL)).items
     for config_map in records:
         namespace = str(config_map["metadata"]["labels"][USAGE_RECORD_LABEL])
         live = {
@@ -135,12 +133,12 @@ def cluster_reports(kube: Kube, gpuadm_namespace: str, *, only: str | None) -> l
     return reports
 
 
-def _config(kube: Kube, namespace: str) -> ConfigSnapshot:
+async def _config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
     from policies import ConfigError
     from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
     from webhook.config.snapshot import snapshot_from_text
 
-    maps = {m["metadata"]["name"]: m for m in kube.list_configmaps(namespace).items}
+    maps = {m["metadata"]["name"]: m for m in (await api.list_configmaps(namespace, "")).items}
     if POLICY_MAP not in maps:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
 
