@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: help install run test test-fast lint controlplane tools dev-cluster bench clean
+.PHONY: help install run test test-fast lint controlplane tools image dev-cluster bench clean
 
 help:
 	@echo "make run          serve gpuadm on https://127.0.0.1:8443 with the bundled example config"
@@ -15,6 +15,7 @@ help:
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
 	@echo "make controlplane build kube-apiserver, kube-scheduler and etcd for the e2e suite (cached)"
 	@echo "make tools        build kustomize, helm and promtool, to render and check deploy/ in the tests (cached)"
+	@echo "make image        the gpuadm image from the Dockerfile, on a local Debian base; prints its OCI archive and name (cached)"
 	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes and gpuadm to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
 
@@ -41,6 +42,10 @@ controlplane:
 
 tools:
 	bash deploy/tools/install.sh >/dev/null
+
+# As root, with mmdebstrap and buildah; reaches only Debian's mirror and PyPI. See image/build.sh.
+image:
+	bash image/build.sh
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
 test: lint $(STAMP) controlplane tools
