@@ -510,10 +510,15 @@ def test_the_spec_example_loads_and_writes_each_stack_s_spelling() -> None:
     assert "nvidia.com/use-gputype" not in annotations_of(h100)
 
 
-def test_the_bundled_example_is_the_spec_example() -> None:
+def test_the_bundled_example_is_the_spec_example_with_the_gpu_stacks_exempt() -> None:
+    """The install's default policy is the spec's example, exempting besides kube-system the
+    GPU stacks' own namespaces and gpuadm's (docs/deploy.md#exempt-namespaces)."""
     root = Path(__file__).resolve().parents[2]
     bundled = yaml.safe_load((root / "examples/policy.yaml").read_text())
-    assert bundled == yaml.safe_load(SPEC_EXAMPLE)
+    spec = yaml.safe_load(SPEC_EXAMPLE)
+    exempt = bundled.pop("exemptNamespaces")
+    assert exempt[: len(spec["exemptNamespaces"])] == spec.pop("exemptNamespaces")
+    assert bundled == spec
 
 
 # --- warnings ------------------------------------------------------------------------------------
