@@ -137,6 +137,12 @@ class PodView(NamedTuple):
         """Return `spec.resourceClaims`, each as written."""
         return _list(self.spec.get("resourceClaims"))
 
+    @property
+    def scheduling_gates(self) -> Sequence[Any]:
+        """Return `spec.schedulingGates`, each as written: the list itself when there is one
+        (empty or not), else an empty tuple."""
+        return _list(self.spec.get("schedulingGates"))
+
 
 def as_view(pod: Mapping[str, Any] | PodView) -> PodView:
     """Return the view of a pod, read now unless it is one already."""

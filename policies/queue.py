@@ -19,14 +19,8 @@ from typing import Any
 
 from policies.judge import QuotaVerdict, judge, never_fits
 from policies.pod_view import PodView
-from policies.policy import Policy
 from policies.quantity import format_amount
 from policies.quotas import ALL_CLASSES, limits_on
-
-
-def gate_name(policy: Policy) -> str:
-    """Return the scheduling gate that holds a pod in line (`Policy.quota_gate`)."""
-    return policy.quota_gate
 
 
 def _spec(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
@@ -36,9 +30,12 @@ def _spec(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
     return spec if isinstance(spec, Mapping) else {}
 
 
-def _gates(pod: Mapping[str, Any] | PodView) -> list[Any]:
+def _gates(pod: Mapping[str, Any] | PodView) -> Sequence[Any]:
+    """The pod's scheduling gates as its view reads them (a list, or an empty tuple)."""
+    if isinstance(pod, PodView):
+        return pod.scheduling_gates
     gates = _spec(pod).get("schedulingGates")
-    return gates if isinstance(gates, list) else []
+    return gates if isinstance(gates, list) else ()
 
 
 def is_gated(pod: Mapping[str, Any] | PodView, gate: str) -> bool:
@@ -54,12 +51,12 @@ def may_gate(pod: Mapping[str, Any] | PodView) -> bool:
 
 def add_gate(pod: Mapping[str, Any] | PodView, gate: str) -> dict[str, Any]:
     """Return the JSON patch operation that gives a pod being created the gate."""
-    if isinstance(_spec(pod).get("schedulingGates"), list):
+    if isinstance(_gates(pod), list):  # a list, even empty: the gate goes at its end
         return {"op": "add", "path": "/spec/schedulingGates/-", "value": {"name": gate}}
     return {"op": "add", "path": "/spec/schedulingGates", "value": [{"name": gate}]}
 
 
-def remove_gate(pod: Mapping[str, Any], gate: str) -> list[dict[str, Any]]:
+def remove_gate(pod: Mapping[str, Any] | PodView, gate: str) -> list[dict[str, Any]]:
     """Return the JSON patch that removes the gate, or [] if the pod does not carry it.
 
     The patch tests the gate's position first, so it fails (and changes nothing) if the pod

@@ -8,6 +8,7 @@ from typing import Any
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import check_metadata
+from policies.pod_view import PodView, view_pod
 from policies.policy import Policy
 from policies.queue import is_gated
 from policies.rewrite import Plan
@@ -40,10 +41,12 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     """
     check_metadata(new)
     check_metadata(old, whose="the old pod's ")
+    # Read past the shape check: labels and annotations are objects of strings.
+    old_view, new_view = view_pod(old), view_pod(new)
     changed = []
     for field in ("labels", "annotations"):
-        before = _owned(old, field, policy)
-        after = _owned(new, field, policy)
+        before = _owned(old_view, field, policy)
+        after = _owned(new_view, field, policy)
         changed += [
             f"{field[:-1]} {key}"
             for key in sorted(before.keys() | after.keys())
@@ -55,7 +58,7 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
             "and demand and choose its GPU model, and cannot change after creation"
         )
     gate = policy.quota_gate
-    if is_gated(old, gate) and not is_gated(new, gate):
+    if is_gated(old_view, gate) and not is_gated(new_view, gate):
         raise Denial(
             f"the scheduling gate {gate} may be removed by gpuadm only: it holds the pod in "
             "line until its namespace's GPU quota has room, and is removed when the pod is "
@@ -63,8 +66,8 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
         )
 
 
-def _owned(pod: Mapping[str, Any], field: str, policy: Policy) -> dict[str, str]:
-    values = (pod.get("metadata") or {}).get(field) or {}
+def _owned(pod: PodView, field: str, policy: Policy) -> dict[str, str]:
+    values = pod.labels if field == "labels" else pod.annotations
     device_choice = DEVICE_CHOICE_ANNOTATIONS if field == "annotations" else ()
     return {
         key: value for key, value in values.items() if policy.in_domain(key) or key in device_choice

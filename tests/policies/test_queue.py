@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping
 from fractions import Fraction as F
 from typing import Any
 
@@ -13,11 +14,11 @@ from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, check_update, load_policy, load_quotas
 from policies.judge import judge, never_fits
+from policies.pod_view import PodView, view_pod
 from policies.queue import (
     Place,
     Waiting,
     add_gate,
-    gate_name,
     in_line_order,
     is_gated,
     next_releases,
@@ -31,6 +32,20 @@ GATE = "gpuadm.io/quota"
 OTHER = {"name": "example.com/provisioning"}
 
 
+Read = Callable[[dict[str, Any]], Mapping[str, Any] | PodView]
+
+
+def as_written(pod: dict[str, Any]) -> Mapping[str, Any]:
+    return pod
+
+
+@pytest.fixture(params=[as_written, view_pod], ids=["dict", "view"])
+def read(request: pytest.FixtureRequest) -> Read:
+    """The gate is read alike from the pod as written and from its view."""
+    reader: Read = request.param
+    return reader
+
+
 def with_gates(gates: Any) -> dict[str, Any]:
     body = pod({"gpuadm.io/a100": "1"})
     if gates is not ...:
@@ -42,9 +57,9 @@ def with_gates(gates: Any) -> dict[str, Any]:
 
 
 def test_the_gate_is_named_under_the_policy_domain(policy: Policy) -> None:
-    assert gate_name(policy) == GATE
+    assert policy.quota_gate == GATE
     other = load_policy(POLICY_YAML.replace("domain: gpuadm.io", "domain: gpus.example.com"))
-    assert gate_name(other) == "gpus.example.com/quota"
+    assert other.quota_gate == "gpus.example.com/quota"
 
 
 @pytest.mark.parametrize(
@@ -56,10 +71,12 @@ def test_the_gate_is_named_under_the_policy_domain(policy: Policy) -> None:
         pytest.param([OTHER], [OTHER, {"name": GATE}], id="another-gate-first"),
     ],
 )
-def test_add_gate_appends_the_gate_and_keeps_the_others(gates: Any, after: list[Any]) -> None:
+def test_add_gate_appends_the_gate_and_keeps_the_others(
+    gates: Any, after: list[Any], read: Read
+) -> None:
     body = with_gates(gates)
     original = copy.deepcopy(body)
-    patched = jsonpatch.apply_patch(body, [add_gate(body, GATE)])
+    patched = jsonpatch.apply_patch(body, [add_gate(read(body), GATE)])
     assert patched["spec"]["schedulingGates"] == after
     assert is_gated(patched, GATE)
     del patched["spec"]["schedulingGates"]
@@ -75,9 +92,9 @@ def test_add_gate_appends_the_gate_and_keeps_the_others(gates: Any, after: list[
         pytest.param([{"name": GATE}, OTHER], [OTHER], id="ours-first"),
     ],
 )
-def test_remove_gate_removes_ours_only(gates: list[Any], after: list[Any]) -> None:
+def test_remove_gate_removes_ours_only(gates: list[Any], after: list[Any], read: Read) -> None:
     body = with_gates(gates)
-    patch = remove_gate(body, GATE)
+    patch = remove_gate(read(body), GATE)
     assert [op["op"] for op in patch] == ["test", "remove"]
     patched = jsonpatch.apply_patch(body, patch)
     assert patched["spec"]["schedulingGates"] == after
@@ -92,8 +109,8 @@ def test_remove_gate_removes_ours_only(gates: list[Any], after: list[Any]) -> No
         pytest.param([OTHER], id="another-gate-only"),
     ],
 )
-def test_remove_gate_of_a_pod_without_it_is_empty(gates: Any) -> None:
-    assert remove_gate(with_gates(gates), GATE) == []
+def test_remove_gate_of_a_pod_without_it_is_empty(gates: Any, read: Read) -> None:
+    assert remove_gate(read(with_gates(gates)), GATE) == []
 
 
 def test_remove_gate_fails_rather_than_remove_another_gate_once_the_pod_changed() -> None:
@@ -117,8 +134,8 @@ def test_remove_gate_fails_rather_than_remove_another_gate_once_the_pod_changed(
         pytest.param([OTHER, {"name": GATE}], True, id="ours-among-others"),
     ],
 )
-def test_is_gated(gates: Any, gated: bool) -> None:
-    assert is_gated(with_gates(gates), GATE) is gated
+def test_is_gated(gates: Any, gated: bool, read: Read) -> None:
+    assert is_gated(read(with_gates(gates)), GATE) is gated
 
 
 def test_a_pod_without_spec_is_not_gated() -> None:
