@@ -502,6 +502,9 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
     (container,) = pod["containers"]
     assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.1.0"
     serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)", "--log-level", "info"]
+    # A replica drains before it stops, well within its grace period.
+    serve += ["--shutdown-delay-seconds", "5"]
+    assert pod["terminationGracePeriodSeconds"] == 30
     mounted = ["--cert-file", "/etc/gpuadm/tls/tls.crt", "--key-file", "/etc/gpuadm/tls/tls.key"]
     managed = ["--manage-tls", "--tls-dir", "/tmp/tls"]
     mounting = rendered.name in MOUNTING_THE_SECRET
