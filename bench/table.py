@@ -80,7 +80,8 @@ STARTUP_ADDED_MS = 250
 
 
 def startup_rows(startup: dict[str, Any]) -> list[Row]:
-    """The command line's start: each command against `python -c pass` in the same run."""
+    """The command line's start, the median of its runs: each command against `python -c pass`
+    in the same run."""
     ms = startup["ms"]
     anchor = ms["python -c pass"]
     return [
