@@ -23,6 +23,7 @@ from certs import verify_chain
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import shipped_webhook_configurations
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
+from webhook.cli.cluster import call
 from webhook.kube.client import connect
 from webhook.kube.rest import AsyncApi
 from webhook.tls.keeper import WEBHOOK_KINDS, TLSKeeper, TLSTarget
@@ -57,20 +58,18 @@ def api_of(plane: ControlPlane) -> AsyncApi:
 
 
 def bundles(plane: ControlPlane, name: str) -> list[bytes]:
-    async def read() -> list[bytes]:
-        api = api_of(plane)
-        try:
-            found = []
-            for kind in WEBHOOK_KINDS:
-                configuration = await api.get_webhook_configuration(kind, name)
-                assert configuration is not None
-                for webhook in configuration["webhooks"]:
-                    found.append(base64.b64decode(webhook["clientConfig"]["caBundle"]))
-            return found
-        finally:
-            await api.close()
+    api = api_of(plane)
 
-    return asyncio.run(read())
+    async def read() -> list[bytes]:
+        found = []
+        for kind in WEBHOOK_KINDS:
+            configuration = await api.get_webhook_configuration(kind, name)
+            assert configuration is not None
+            for webhook in configuration["webhooks"]:
+                found.append(base64.b64decode(webhook["clientConfig"]["caBundle"]))
+        return found
+
+    return call(api, read())
 
 
 def keeper(
