@@ -13,8 +13,9 @@ gpuadm's two webhook configurations (and no others) kept in step with it.
   certificate reloader picks them up without a restart.
 
 The calls go through the async client (`webhook.kube.rest`), on the replica's event loop and
-session; the certificates are read, issued and written in a worker thread, so that no key is
-made on the loop that answers reviews.
+session; the key pairs are loaded, issued and written in a worker thread, so that no key is
+made or parsed on the loop that answers reviews (merging a caBundle, which reads
+certificates only, stays on it).
 """
 
 from __future__ import annotations
