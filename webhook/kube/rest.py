@@ -148,6 +148,17 @@ class AsyncApi:
         path = _webhook_configuration_path(kind, body["metadata"]["name"])
         return await self._call("PUT", path, body)
 
+    async def delete_webhook_configuration(self, kind: str, name: str) -> bool:
+        """Delete a webhook configuration (`kind` "mutating" or "validating"); return False
+        if there was none of that name (already gone is no error)."""
+        try:
+            await self._call("DELETE", _webhook_configuration_path(kind, name))
+        except KubeError as error:
+            if error.status == 404:
+                return False
+            raise
+        return True
+
     async def get_namespace(self, name: str) -> dict[str, Any] | None:
         """Return a Namespace, or None if it does not exist."""
         return await self._call_or_none("GET", f"/api/v1/namespaces/{quote(name, safe='')}")

@@ -233,6 +233,42 @@ async def test_the_tls_secret_and_webhook_configurations_are_read_and_written_at
     ]
 
 
+async def test_a_webhook_configuration_is_deleted_by_kind_and_name_and_one_gone_is_no_error(
+    aiohttp_server: MakeServer,
+) -> None:
+    admission = "/apis/admissionregistration.k8s.io/v1"
+    stored = {f"{admission}/mutatingwebhookconfigurations/gpuadm"}
+    calls: list[tuple[str, str]] = []
+
+    async def delete(request: web.Request) -> web.Response:
+        calls.append((request.method, request.path))
+        if request.path == f"{admission}/validatingwebhookconfigurations/forbidden":
+            status = {"kind": "Status", "message": "forbidden here", "code": 403}
+            return web.json_response(status, status=403)
+        if request.path not in stored:
+            status = {"kind": "Status", "message": "not found", "code": 404}
+            return web.json_response(status, status=404)
+        stored.remove(request.path)
+        return web.json_response({"kind": "Status", "status": "Success"})
+
+    app = web.Application()
+    app.router.add_delete("/{tail:.*}", delete)
+    async with api_on(aiohttp_server, app) as api:
+        assert await api.delete_webhook_configuration("mutating", "gpuadm") is True
+        assert await api.delete_webhook_configuration("mutating", "gpuadm") is False
+        assert await api.delete_webhook_configuration("validating", "gpuadm") is False
+        with pytest.raises(KubeError) as refused:
+            await api.delete_webhook_configuration("validating", "forbidden")
+    assert refused.value.status == 403
+    assert str(refused.value) == "403: forbidden here"
+    assert calls == [
+        ("DELETE", f"{admission}/mutatingwebhookconfigurations/gpuadm"),
+        ("DELETE", f"{admission}/mutatingwebhookconfigurations/gpuadm"),
+        ("DELETE", f"{admission}/validatingwebhookconfigurations/gpuadm"),
+        ("DELETE", f"{admission}/validatingwebhookconfigurations/forbidden"),
+    ]
+
+
 async def test_a_command_says_where_the_apiserver_was_not_found_and_why() -> None:
     api = AsyncApi(Endpoint("http://127.0.0.1:9", None, None, None, False, lambda: None))
     try:
