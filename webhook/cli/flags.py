@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 
 DEFAULT_NAMESPACE = "gpuadm-system"
+# The name of gpuadm's Mutating- and ValidatingWebhookConfiguration, as deploy/ ships them.
+WEBHOOK_CONFIGURATION = "gpuadm"
 
 
 def add_config_files(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -86,7 +88,7 @@ def add_tls_target(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--webhook-configuration",
-        default="gpuadm",
+        default=WEBHOOK_CONFIGURATION,
         help="name of gpuadm's Mutating- and ValidatingWebhookConfiguration, whose caBundle "
-        "gpuadm keeps (default gpuadm)",
+        f"gpuadm keeps (default {WEBHOOK_CONFIGURATION})",
     )

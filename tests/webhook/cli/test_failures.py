@@ -73,6 +73,8 @@ CLUSTER_COMMANDS: list[tuple[str, Argv]] = [
     ("certs-show", lambda w: ["certs", "show"]),
     ("certs-install", lambda w: ["certs", "install"]),
     ("certs-rotate", lambda w: ["certs", "rotate"]),
+    ("uninstall", lambda w: ["uninstall"]),
+    ("uninstall-dry-run", lambda w: ["uninstall", "--dry-run"]),
 ]
 KUBECONFIGS: list[tuple[str, Callable[[World], Path], str]] = [
     ("unreachable", lambda w: w.closed, "cannot reach the apiserver at https://127.0.0.1:"),
