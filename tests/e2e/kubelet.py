@@ -157,6 +157,10 @@ class KubeletNode:
         """Import an OCI or docker archive into the CRI's image store, as a registry pull would."""
         self._ctr("images", "import", "--all-platforms", str(archive))
 
+    def tag(self, source: str, target: str) -> None:
+        """Give an image the node holds a second name, as a push of a new tag would."""
+        self._ctr("images", "tag", "--force", source, target)
+
     def images(self) -> list[str]:
         """The names of the images the CRI holds."""
         output = self._ctr("images", "list", "--quiet")
@@ -267,6 +271,8 @@ state = "{root / "state"}"
                     "ipam": {
                         "type": "host-local",
                         "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                        # Through the bridge for everything, the kubernetes Service included.
+                        "routes": [{"dst": "0.0.0.0/0"}],
                         "dataDir": str(self.workdir / "ipam"),
                     },
                 }

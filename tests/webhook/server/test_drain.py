@@ -19,8 +19,8 @@ import pytest
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from tests.support import ServeProcess
 
-# The longest allowed, and longer than any test here runs: a replica still serving after its signal is draining,
-# not slow to stop.
+# The longest allowed, and longer than any test here runs: a replica still serving after its
+# signal is draining, not slow to stop.
 LONG_DRAIN = "60"
 # How long a stopped replica may take to exit: its in-flight answers and its audit flush.
 EXIT_BOUND = 20

@@ -1,0 +1,342 @@
+"""gpuadm installed as users install it: its image on a real node, by its Helm chart.
+
+`Installation` drives `helm` against a control plane that a `KubeletNode` has joined, reads
+gpuadm's own pods, and creates tenant pods from many threads at once, each answer sorted into
+what the apiserver said: created, refused by gpuadm, or a webhook that could not be called.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import kubernetes.client
+import yaml
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.kubelet import NODE_LABEL, KubeletNode
+from tests.support import ROOT
+
+CHART = ROOT / "deploy" / "helm" / "gpuadm"
+IMAGE_SCRIPT = ROOT / "image" / "build.sh"
+RELEASE = "gpuadm"
+NAMESPACE = "gpuadm-system"
+POD_SELECTOR = "app.kubernetes.io/name=gpuadm"
+# Short, so that a leader's death is seen in seconds; the bound the test holds it to.
+LEASE_SECONDS = 3
+# Never pulled: the tenant pods ask for GPUs, which the real node does not have, so they
+# stay Pending, stored and charged, and never run.
+TENANT_IMAGE = "registry.invalid/app:1"
+GPU_CLASS = "gpuadm.io/h100"
+
+
+@dataclass(frozen=True)
+class Image:
+    """An image archive to load into the node, and the name it is loaded under."""
+
+    archive: Path
+    name: str
+
+    @property
+    def repository(self) -> str:
+        return self.name.rsplit(":", 1)[0]
+
+    @property
+    def tag(self) -> str:
+        return self.name.rsplit(":", 1)[1]
+
+
+def build_image() -> Image:
+    """Build gpuadm's image from the Dockerfile (cached), as `make image` does."""
+    result = subprocess.run(
+        ["bash", str(IMAGE_SCRIPT)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"{IMAGE_SCRIPT} exited {result.returncode}:\n{result.stderr}")
+    archive, name = result.stdout.split()[-2:]
+    return Image(Path(archive), name)
+
+
+@dataclass
+class Outcomes:
+    """What the apiserver answered a batch of creates, sorted."""
+
+    created: list[str] = field(default_factory=list)
+    refused: list[str] = field(default_factory=list)
+    # "failed calling webhook": the apiserver could not reach gpuadm; with the validating
+    # webhook's failurePolicy Fail this refuses the create, which the client may retry.
+    unreachable: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, kind: str, message: str) -> None:
+        with self.lock:
+            getattr(self, kind).append(message)
+
+
+class Installation:
+    """gpuadm's chart installed on a control plane with a real node."""
+
+    def __init__(self, plane: ControlPlane, node: KubeletNode, helm: Path, image: Image) -> None:
+        self.plane = plane
+        self.node = node
+        self.helm_binary = helm
+        self.image = image
+        self.api = plane.api_client()
+        self.core = kubernetes.client.CoreV1Api(self.api)
+        self.values_dir = Path(plane.workdir) / "values"
+        self.values_dir.mkdir(exist_ok=True)
+
+    # -- helm ---------------------------------------------------------------
+
+    def helm(self, *args: str, timeout: float = 300) -> str:
+        result = subprocess.run(
+            [str(self.helm_binary), "--kubeconfig", str(self.plane.kubeconfig_path), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            env={**os.environ, "HELM_CACHE_HOME": str(self.values_dir / "helm-cache")},
+        )
+        if result.returncode != 0:
+            raise AssertionError(
+                f"helm {' '.join(args)} exited {result.returncode}:\n{result.stderr}\n"
+                f"{self.describe()}"
+            )
+        return result.stdout
+
+    def values(self, image: Image, quotas: dict[str, Any], **more: Any) -> dict[str, Any]:
+        """The values a test installs with: this image, on the real node, these quotas."""
+        return {
+            "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
+            "nodeSelector": {NODE_LABEL: "true"},
+            "extraArgs": [f"--lease-seconds={LEASE_SECONDS}"],
+            "quotas": quotas,
+            **more,
+        }
+
+    def install(self, values: dict[str, Any]) -> None:
+        self._helm_apply("install", values)
+
+    def upgrade(self, values: dict[str, Any]) -> None:
+        self._helm_apply("upgrade", values)
+
+    def _helm_apply(self, verb: str, values: dict[str, Any]) -> None:
+        path = self.values_dir / f"{verb}-{time.monotonic_ns()}.yaml"
+        path.write_text(yaml.safe_dump(values))
+        self.helm(
+            verb,
+            RELEASE,
+            str(CHART),
+            "--namespace",
+            NAMESPACE,
+            *(["--create-namespace"] if verb == "install" else []),
+            "--values",
+            str(path),
+            "--wait",
+            "--timeout",
+            "240s",
+        )
+
+    # -- gpuadm's pods --------------------------------------------------------
+
+    def gpuadm_pods(self) -> list[kubernetes.client.V1Pod]:
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=POD_SELECTOR).items
+        return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+    def ready_pods(self) -> list[kubernetes.client.V1Pod]:
+        def ready(pod: kubernetes.client.V1Pod) -> bool:
+            conditions = pod.status.conditions or []
+            return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+        return [p for p in self.gpuadm_pods() if ready(p)]
+
+    def kill(self, pod_name: str) -> None:
+        """Kill one of gpuadm's pods outright: no grace, as a node failure or an OOM kill."""
+        self.core.delete_namespaced_pod(pod_name, NAMESPACE, grace_period_seconds=0)
+
+    def leader(self) -> str:
+        """The name of the pod whose replica holds the queue's Lease."""
+        lease = kubernetes.client.CoordinationV1Api(self.api).read_namespaced_lease(
+            "gpuadm-leader", NAMESPACE
+        )
+        holder: str = lease.spec.holder_identity or ""
+        # A replica's identity is its host name (the pod's name) and a random suffix.
+        return holder.rsplit("_", 1)[0]
+
+    def describe(self) -> str:
+        """gpuadm's pods, their containers' states and the node's logs, for a failure."""
+        lines = []
+        try:
+            for pod in self.core.list_namespaced_pod(NAMESPACE).items:
+                states = [
+                    f"{s.name} ready={s.ready} restarts={s.restart_count} state={s.state}"
+                    for s in pod.status.container_statuses or []
+                ]
+                lines.append(f"{pod.metadata.name} {pod.status.phase} {states}")
+                for status in pod.status.container_statuses or []:
+                    if status.restart_count or not status.ready:
+                        lines.append(self.pod_log(pod.metadata.name, previous=True))
+        except ApiException as error:
+            lines.append(f"(cannot list pods: {error.reason})")
+        lines.append(self.node.log_tail("kubelet", 20))
+        return "\n".join(lines)
+
+    def pod_log(self, name: str, previous: bool = False) -> str:
+        """The last lines gpuadm's container in pod `name` wrote, from the kubelet's logs."""
+        directory = self.node.workdir / "kubelet" / "pod-logs"
+        files = sorted(directory.glob(f"{NAMESPACE}_{name}_*/gpuadm/*.log"))
+        if not files:
+            return f"(no log of {name})"
+        text = files[-2 if previous and len(files) > 1 else -1].read_text(errors="replace")
+        return f"--- {name} ---\n" + "\n".join(text.splitlines()[-15:])
+
+    # -- tenants ----------------------------------------------------------------
+
+    def make_namespace(self, name: str) -> None:
+        self.core.create_namespace({"metadata": {"name": name}})
+
+        def has_default_account() -> bool:
+            try:
+                self.core.read_namespaced_service_account("default", name)
+            except ApiException:
+                return False
+            return True
+
+        wait_for(has_default_account, f"the default ServiceAccount of {name}")
+
+    def create_gpu_pod(self, namespace: str, gpus: str = "1") -> dict[str, Any]:
+        """Create a pod asking for the h100 class; return the pod as stored."""
+        response = self.core.create_namespaced_pod(namespace, gpu_pod(gpus), _preload_content=False)
+        stored: dict[str, Any] = json.loads(response.data)
+        return stored
+
+    def create_many(
+        self,
+        namespace: str,
+        count: int,
+        *,
+        threads: int = 16,
+        retries: int = 5,
+        midway: Callable[[], None] | None = None,
+    ) -> Outcomes:
+        """Create `count` GPU pods from `threads` threads; sort each final answer.
+
+        A create the apiserver could not send to gpuadm is retried, as a client (a Job
+        controller, kubectl in a script) would, up to `retries` times. `midway` runs once,
+        from the calling thread, when about a quarter of the creates have been answered.
+        """
+        outcomes = Outcomes()
+        answered = threading.Semaphore(0)
+
+        def one(_: int) -> None:
+            client = self.plane.api_client()
+            core = kubernetes.client.CoreV1Api(client)
+            try:
+                for attempt in range(retries + 1):
+                    kind, message = classify(lambda: create(core, namespace))
+                    if kind != "unreachable" or attempt == retries:
+                        outcomes.add(kind, message)
+                        return
+                    time.sleep(0.2)
+            finally:
+                client.close()
+                answered.release()
+
+        with ThreadPoolExecutor(threads) as pool:
+            futures = [pool.submit(one, i) for i in range(count)]
+            if midway is not None:
+                for _ in range(count // 4):
+                    answered.acquire()
+                midway()
+            for future in futures:
+                future.result()
+        return outcomes
+
+
+def gpu_pod(gpus: str = "1") -> dict[str, Any]:
+    """A tenant pod asking for `gpus` of the h100 class."""
+    container = {"name": "main", "image": TENANT_IMAGE, "resources": {"limits": {GPU_CLASS: gpus}}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"generateName": "gpu-"},
+        "spec": {"containers": [container]},
+    }
+
+
+def create(core: kubernetes.client.CoreV1Api, namespace: str) -> str:
+    """Create one one-GPU pod; return its name."""
+    name: str = core.create_namespaced_pod(namespace, gpu_pod()).metadata.name
+    return name
+
+
+def classify(call: Callable[[], str]) -> tuple[str, str]:
+    """Run one create; say whether it was created, refused by gpuadm, or not sent to it."""
+    try:
+        return "created", call()
+    except ApiException as error:
+        try:
+            message = json.loads(error.body or "{}").get("message", "")
+        except ValueError:
+            message = str(error.body)
+        if "failed calling webhook" in message:
+            return "unreachable", message
+        if error.status == 403 and "denied the request" in message:
+            return "refused", message
+        return "other", f"{error.status}: {message}"
+
+
+@dataclass
+class Stream:
+    """Creates GPU pods one after another until stopped; keeps every failure."""
+
+    installation: Installation
+    namespace: str
+    created: int = 0
+    failures: list[str] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> Stream:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        client = self.installation.plane.api_client()
+        core = kubernetes.client.CoreV1Api(client)
+        try:
+            while not self._stop.is_set():
+                kind, message = classify(lambda: create(core, self.namespace))
+                if kind == "created":
+                    self.created += 1
+                else:
+                    self.failures.append(f"{kind}: {message}")
+                self._stop.wait(0.05)
+        finally:
+            client.close()
+
+
+def wait_for(check: Callable[[], bool], what: str, seconds: float = 120) -> float:
+    """Wait until `check()` holds; return how long it took; fail after `seconds`."""
+    start = time.monotonic()
+    while not check():
+        if time.monotonic() - start > seconds:
+            raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+        time.sleep(0.2)
+    return time.monotonic() - start

@@ -1,0 +1,252 @@
+"""gpuadm installed as a user installs it, and operated as an admin operates it.
+
+Its image, built from the Dockerfile, runs on a real node (containerd, runc, a kubelet), put
+there by `helm install` of deploy/helm/gpuadm. The apiserver calls the webhooks through the
+Service. Then the admin's days: a replica killed in a burst, a `helm upgrade` to a new image
+and config under a steady stream of creates, a CA rotation, the queue's leader killed, and
+`helm uninstall`. The scenarios share one installation and run in file order; the last one
+uninstalls it.
+"""
+
+from __future__ import annotations
+
+import base64
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import hashes
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import _sigterm_as_interrupt
+from tests.e2e.installed import (
+    LEASE_SECONDS,
+    NAMESPACE,
+    Image,
+    Installation,
+    Stream,
+    build_image,
+    wait_for,
+)
+from tests.e2e.kubelet import REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
+from tests.support import ROOT
+
+BURST = 200
+ROOM = 50
+TENANTS: dict[str, dict[str, object]] = {
+    "burst": {"h100": ROOM},
+    "stream": {"h100": 10_000},
+    "line": {"mode": "queue", "h100": 1},
+    "upgraded": {"h100": 10_000},
+}
+QUOTAS = {"mode": "enforce", "namespaces": TENANTS}
+GATE = "gpuadm.io/quota"
+
+
+def _helm() -> Path:
+    result = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "tools" / "install.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    for directory in result.stdout.strip().splitlines()[-1].split(":"):
+        if (Path(directory) / "helm").is_file():
+            return Path(directory) / "helm"
+    raise AssertionError(f"deploy/tools/install.sh built no helm: {result.stdout}")
+
+
+@pytest.fixture(scope="module")
+def image() -> Image:
+    return build_image()
+
+
+@pytest.fixture(scope="module")
+def installation(image: Image) -> Iterator[Installation]:
+    problem = node_prerequisites()
+    if problem:
+        pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
+    with _sigterm_as_interrupt(), ControlPlane.for_real_node() as plane:
+        plane.start_scheduler(["default-scheduler"])
+        plane.start_controller_manager(REAL_NODE_CONTROLLERS)
+        with KubeletNode(plane) as node:
+            node.load_image(image.archive)
+            installed = Installation(plane, node, _helm(), image)
+            for namespace in TENANTS:
+                installed.make_namespace(namespace)
+            installed.install(installed.values(image, QUOTAS))
+            yield installed
+
+
+def _stored_limits(pod: dict[str, object]) -> dict[str, str]:
+    spec = pod["spec"]
+    assert isinstance(spec, dict)
+    limits: dict[str, str] = spec["containers"][0]["resources"]["limits"]
+    return limits
+
+
+def test_the_chart_runs_three_replicas_of_the_image_on_the_node(
+    installation: Installation,
+) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    pods = installation.ready_pods()
+    assert {p.spec.node_name for p in pods} == {installation.node.name}
+    for pod in pods:
+        assert pod.spec.containers[0].image == installation.image.name
+        assert pod.spec.security_context.run_as_user == 65532
+        assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
+    assert installation.node.images().count(installation.image.name) == 1
+
+
+def test_a_gpu_pod_is_rewritten_and_charged_through_the_service(
+    installation: Installation,
+) -> None:
+    stored = installation.create_gpu_pod("upgraded")
+    # The h100 class is on the NVIDIA device plugin: a whole GPU as nvidia.com/gpu.
+    assert _stored_limits(stored) == {"nvidia.com/gpu": "1"}
+    with pytest.raises(ApiException) as refused:
+        installation.create_gpu_pod("upgraded", gpus="10001")
+    assert "h100 quota exceeded: requested 10001, in use 1 of 10000" in refused.value.body
+
+
+def test_a_replica_killed_in_a_burst_admits_exactly_what_fits(installation: Installation) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    victim = installation.ready_pods()[0].metadata.name
+
+    outcomes = installation.create_many("burst", BURST, midway=lambda: installation.kill(victim))
+
+    assert outcomes.other == []
+    assert outcomes.unreachable == [], "a create failed for good: gpuadm could not be reached"
+    assert len(outcomes.created) == ROOM
+    assert len(outcomes.refused) == BURST - ROOM
+    assert [m for m in outcomes.refused if "h100 quota exceeded" not in m] == []
+    stored = installation.core.list_namespaced_pod("burst").items
+    assert len(stored) == ROOM
+    wait_for(lambda: len(installation.ready_pods()) == 3, "the killed replica replaced")
+    assert victim not in {p.metadata.name for p in installation.ready_pods()}
+
+
+def test_an_upgrade_to_a_new_image_and_config_fails_no_create(
+    installation: Installation, image: Image
+) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    new = Image(image.archive, f"{image.repository}:{image.tag}-next")
+    installation.node.tag(image.name, new.name)
+    quotas = {**QUOTAS, "namespaces": {**TENANTS, "upgraded": {"h100": 0}}}
+
+    with Stream(installation, "stream") as stream:
+        time.sleep(2)
+        installation.upgrade(installation.values(new, quotas))
+        time.sleep(2)
+
+    assert stream.failures == []
+    assert stream.created > 20
+    pods = installation.ready_pods()
+    assert len(pods) == 3
+    assert {p.spec.containers[0].image for p in pods} == {new.name}
+    with pytest.raises(ApiException) as refused:
+        installation.create_gpu_pod("upgraded")
+    assert "h100 quota exceeded: requested 1, in use 1 of 0" in refused.value.body
+
+
+def _served_certificate(pod_ip: str) -> x509.Certificate:
+    """The certificate a replica serves, read from its pod's address as the apiserver dials it."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    with (
+        socket.create_connection((pod_ip, 8443), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        der = tls.getpeercert(binary_form=True)
+    assert der is not None
+    return x509.load_der_x509_certificate(der)
+
+
+def _signed_by(certificate: x509.Certificate, ca: x509.Certificate) -> bool:
+    try:
+        certificate.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return True
+
+
+def _newest_ca(installation: Installation) -> x509.Certificate:
+    secret = installation.core.read_namespaced_secret("gpuadm-tls", NAMESPACE)
+    pem = base64.b64decode(secret.data["ca.crt"])
+    return max(x509.load_pem_x509_certificates(pem), key=lambda c: c.not_valid_before_utc)
+
+
+def test_a_ca_rotation_in_the_cluster_fails_no_request(installation: Installation) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    before = _newest_ca(installation)
+    with Stream(installation, "stream") as stream:
+        subprocess.run(
+            [
+                str(ROOT / ".venv" / "bin" / "gpuadm"),
+                "certs",
+                "rotate",
+                "--kubeconfig",
+                str(installation.plane.kubeconfig_path),
+                "--gpuadm-namespace",
+                NAMESPACE,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        after = _newest_ca(installation)
+        assert after.fingerprint(hashes.SHA256()) != before.fingerprint(hashes.SHA256())
+
+        def all_serve_the_new_ca() -> bool:
+            ips = [p.status.pod_ip for p in installation.ready_pods()]
+            return len(ips) == 3 and all(_signed_by(_served_certificate(ip), after) for ip in ips)
+
+        # Each replica re-reads the Secret every minute.
+        wait_for(all_serve_the_new_ca, "every replica serving a certificate of the new CA", 150)
+        time.sleep(2)
+
+    assert stream.failures == []
+    assert stream.created > 20
+
+
+def _answers(pod_ip: str) -> bool:
+    try:
+        socket.create_connection((pod_ip, 8443), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+def _gated(installation: Installation, name: str) -> bool:
+    pod = installation.core.read_namespaced_pod(name, "line")
+    return any(g.name == GATE for g in pod.spec.scheduling_gates or [])
+
+
+def test_the_queue_moves_on_when_its_leader_is_killed(installation: Installation) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    first = installation.create_gpu_pod("line")["metadata"]["name"]
+    wait_for(lambda: not _gated(installation, first), "the first pod released", 60)
+    second = installation.create_gpu_pod("line")["metadata"]["name"]
+    assert _gated(installation, second)
+
+    leader = installation.leader()
+    (leader_pod,) = [p for p in installation.ready_pods() if p.metadata.name == leader]
+    installation.kill(leader)
+    # The pod object goes at once; the kubelet stops its container a moment later, and only
+    # then is the leader dead.
+    wait_for(lambda: not _answers(leader_pod.status.pod_ip), "the killed leader gone", 30)
+    installation.core.delete_namespaced_pod(first, "line")
+
+    took = wait_for(lambda: not _gated(installation, second), "the second pod released", 60)
+    # Another replica takes the Lease once it runs out unrenewed, then releases in its
+    # first pass (docs/operations.md).
+    assert took < 3 * LEASE_SECONDS + 5
+    assert installation.leader() != leader
