@@ -106,6 +106,14 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
         ),
         pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
         pytest.param(
+            "uninstallHook.enable=false",
+            "additional properties 'enable' not allowed",
+            id="uninstall-hook-typo",
+        ),
+        pytest.param(
+            "uninstallHook.activeDeadlineSeconds=0", "minimum", id="uninstall-hook-no-time"
+        ),
+        pytest.param(
             "affinity.podAntiAfinity=null",
             "additional properties 'podAntiAfinity' not allowed",
             id="affinity-typo",
@@ -186,6 +194,26 @@ def test_custom_pod_values_land_in_the_pod_template(custom: list[Obj]) -> None:
     assert spec["topologySpreadConstraints"] == CUSTOM["topologySpreadConstraints"]
 
 
+def test_custom_pod_values_place_the_uninstall_hook_as_they_place_the_replicas(
+    custom: list[Obj],
+) -> None:
+    """The pre-delete Job must be able to run where the replicas could: same pull secrets,
+    nodes, tolerations, affinity and priority, and the admin's pod labels and annotations
+    (a sidecar injector's opt-out, say). Only the replicas are spread over zones."""
+    job = Rendered("helm", custom).one("Job", "gpuadm-uninstall")
+    template = job["spec"]["template"]
+    spec = template["spec"]
+    replicas = _pod_spec(custom)
+    for key in ("imagePullSecrets", "priorityClassName", "nodeSelector", "tolerations"):
+        assert spec[key] == CUSTOM[key], key
+    assert spec["affinity"] == replicas["affinity"]
+    assert "topologySpreadConstraints" not in spec
+    assert template["metadata"]["annotations"] == CUSTOM["podAnnotations"]
+    assert template["metadata"]["labels"]["team"] == "platform"
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuadm-uninstall"
+    assert [c["command"][:2] for c in spec["containers"]] == [["gpuadm", "uninstall"]]
+
+
 def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj]) -> None:
     (container,) = _pod_spec(custom)["containers"]
     command = container["command"]
@@ -199,6 +227,7 @@ def test_custom_values_render_objects_the_api_accepts(
     custom: list[Obj], api_client: kubernetes.client.ApiClient
 ) -> None:
     assert schema_errors(api_client, _deployment(custom)) == []
+    assert schema_errors(api_client, Rendered("helm", custom).one("Job", "gpuadm-uninstall")) == []
 
 
 def test_the_default_placement_can_be_dropped(render: Render) -> None:

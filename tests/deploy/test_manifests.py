@@ -573,6 +573,13 @@ SERVE_CLUSTER_RULES = [
     ("resource.k8s.io", "resourceclaims", (), ("get",)),
     ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
 ]
+# What every variant grants for `gpuadm uninstall`, which the chart's pre-delete hook runs as
+# gpuadm's ServiceAccount: its own two webhook configurations deleted, by name. (It lifts the
+# gate with the pod grants above, and reads the policy with the Role's.)
+UNINSTALL_CLUSTER_RULES = [
+    ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("gpuadm",), ("delete",)),
+    ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ("gpuadm",), ("delete",)),
+]
 SERVE_NAMESPACE_RULES = [
     ("", "configmaps", (), ("create", "delete", "get", "list", "update", "watch")),
     ("coordination.k8s.io", "leases", ("gpuadm-leader",), ("get", "update")),
@@ -613,7 +620,9 @@ def _check_binding(rendered: Rendered, kind: str, role: str) -> None:
 
 
 def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
-    assert _rules(rendered.one("ClusterRole")) == sorted(SERVE_CLUSTER_RULES)
+    assert _rules(rendered.one("ClusterRole")) == sorted(
+        SERVE_CLUSTER_RULES + UNINSTALL_CLUSTER_RULES
+    )
     assert _rules(rendered.one("Role")) == sorted(SERVE_NAMESPACE_RULES)
     for kind in ("ClusterRole", "Role"):
         _check_binding(rendered, kind, "gpuadm")
@@ -628,19 +637,26 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
         for kind in ("ClusterRole", "Role"):
             _check_binding(rendered, kind, "gpuadm-manage-tls")
     # Serving a Secret that cert-manager or the admin keeps, gpuadm can neither read nor
-    # write any Secret, nor touch a webhook configuration.
+    # write any Secret, nor read or change a webhook configuration: all it may do to its own
+    # two is delete them, for uninstall, as in every variant.
     rbac_kinds = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
     manage_tls = [o for o in rendered.objects if o["metadata"]["name"] == "gpuadm-manage-tls"]
     assert len(manage_tls) == (4 if managing else 0)
     assert all(o["kind"] in rbac_kinds for o in manage_tls)
     granted = {
-        resource
+        (resource, verb)
         for kind in ("ClusterRole", "Role")
         for role in rendered.all(kind)
-        for _, resource, _, _ in _rules(role)
+        for _, resource, _, verbs in _rules(role)
+        for verb in verbs
+        if resource in TLS_RESOURCES
     }
-    assert (granted >= TLS_RESOURCES) is managing
-    assert not (TLS_RESOURCES & granted) or managing
+    uninstalling = {
+        (resource, "delete")
+        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
+    }
+    keeping_tls = {(resource, verb) for resource in TLS_RESOURCES for verb in ("get", "update")}
+    assert granted == uninstalling | ({*keeping_tls, ("secrets", "create")} if managing else set())
     # Tenants read GPUQuota objects through view, edit and admin, and can do nothing more.
     viewer = rendered.one("ClusterRole", "gpuadm-quota-view")
     assert _rules(viewer) == [("gpuadm.io", "gpuquotas", (), READ)]
@@ -795,22 +811,111 @@ def _comparable(obj: Obj) -> Obj:
     return obj
 
 
+def _hook(obj: Obj) -> str | None:
+    """The Helm hook an object is (`pre-delete`...), or None for an object of the release."""
+    hook: str | None = (obj["metadata"].get("annotations") or {}).get("helm.sh/hook")
+    return hook
+
+
 @pytest.mark.parametrize(("kustomize", "helm"), COUNTERPARTS)
 def test_kustomize_and_helm_render_the_same_objects(
     kustomize: str, helm: str, render: Render
 ) -> None:
-    # Helm leaves the namespace to `--create-namespace`; everything else must match.
+    # Helm leaves the namespace to `--create-namespace`, and runs its uninstall hook, which
+    # kustomize has no way to express (docs/deploy.md#uninstall has the admin run `gpuadm
+    # uninstall` first instead); everything else must match.
     def by_key(name: str) -> dict[tuple[str, str], Obj]:
         return {
             (o["kind"], o["metadata"]["name"]): _comparable(o)
             for o in render(name)
-            if o["kind"] != "Namespace"
+            if o["kind"] != "Namespace" and not _hook(o)
         }
 
     from_kustomize, from_helm = by_key(kustomize), by_key(helm)
     assert sorted(from_kustomize) == sorted(from_helm)
     for key, obj in from_kustomize.items():
         assert obj == from_helm[key], f"{key} differs"
+    # What was left out of Helm's side is its uninstall hook, and nothing else.
+    assert not [o for o in render(kustomize) if _hook(o)]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in render(helm) if _hook(o)) == [
+        ("Job", "gpuadm-uninstall"),
+        ("NetworkPolicy", "gpuadm-uninstall"),
+    ]
+
+
+# --- the uninstall hook (Helm only) -------------------------------------------------------------
+
+
+def _uninstall_job(rendered: Rendered) -> Obj:
+    return rendered.one("Job", "gpuadm-uninstall")
+
+
+@pytest.mark.parametrize("name", [n for n in RENDERS if n.startswith("helm")])
+def test_helm_uninstall_runs_gpuadm_uninstall_first_as_the_replicas_run(
+    name: str, render: Render
+) -> None:
+    """`helm uninstall` deletes webhook configurations last: the pre-delete Job deletes them
+    first and lifts gpuadm's gate, with the replicas' image, account, placement and security."""
+    rendered = Rendered(name, render(name))
+    job = _uninstall_job(rendered)
+    assert job["metadata"]["annotations"] == {
+        "helm.sh/hook": "pre-delete",
+        "helm.sh/hook-weight": "0",
+        "helm.sh/hook-delete-policy": "before-hook-creation,hook-succeeded",
+    }
+    spec = job["spec"]
+    assert 0 < spec["backoffLimit"] <= 3
+    # Given up on before helm's own 5-minute wait for the hook.
+    assert 0 < spec["activeDeadlineSeconds"] < 300
+    pod = spec["template"]["spec"]
+    replicas = rendered.one("Deployment")["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert pod["serviceAccountName"] == "gpuadm"
+    assert pod["automountServiceAccountToken"] is True
+    for key in ("securityContext", "priorityClassName", "affinity"):
+        assert pod[key] == replicas[key], key
+    (container,) = pod["containers"]
+    (serving,) = replicas["containers"]
+    assert container["command"] == ["gpuadm", "uninstall", "--gpuadm-namespace", NAMESPACE]
+    for key in ("image", "imagePullPolicy", "securityContext"):
+        assert container[key] == serving[key], key
+    assert container["resources"] == {
+        "requests": {"cpu": "50m", "memory": "96Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    assert container["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    # Neither the Service, the PodDisruptionBudget nor the replicas' NetworkPolicy selects
+    # the Job's pod: it serves nothing, and is not a replica.
+    labels = spec["template"]["metadata"]["labels"]
+    for selector in (
+        rendered.one("Service")["spec"]["selector"],
+        rendered.one("PodDisruptionBudget")["spec"]["selector"]["matchLabels"],
+        rendered.one("NetworkPolicy")["spec"]["podSelector"]["matchLabels"],
+    ):
+        assert not all(labels.get(k) == v for k, v in selector.items())
+    # Its own NetworkPolicy, made before it: the apiserver and DNS out, nothing in.
+    policy = rendered.one("NetworkPolicy", "gpuadm-uninstall")
+    assert policy["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    assert int(policy["metadata"]["annotations"]["helm.sh/hook-weight"]) < 0
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    assert sorted(policy["spec"]["policyTypes"]) == ["Egress", "Ingress"]
+    assert "ingress" not in policy["spec"]
+    assert policy["spec"]["egress"] == rendered.one("NetworkPolicy")["spec"]["egress"]
+
+
+def test_helm_uninstall_hook_follows_the_release_namespace_and_can_be_left_out(
+    render: Render,
+) -> None:
+    moved = Rendered("helm", render("helm", "--namespace", "gpu-admission"))
+    command = _uninstall_job(moved)["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command == ["gpuadm", "uninstall", "--gpuadm-namespace", "gpu-admission"]
+    no_policy = Rendered("helm", render("helm", "--set", "networkPolicy.enabled=false"))
+    assert _uninstall_job(no_policy)
+    assert no_policy.all("NetworkPolicy") == []
+    off = render("helm", "--set", "uninstallHook.enabled=false")
+    assert [o for o in off if _hook(o)] == []
+    # The grant is in every variant, hook or not, like the rest of gpuadm's.
+    assert set(UNINSTALL_CLUSTER_RULES) <= set(_rules(Rendered("helm", off).one("ClusterRole")))
 
 
 def test_helm_follows_the_release_namespace(render: Render) -> None:

@@ -18,6 +18,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{/*
+The labels of the uninstall hook's Job and pod (uninstall-hook.yaml): gpuadm's, under another
+name, so that neither the Service, the PodDisruptionBudget nor the NetworkPolicy of the
+replicas selects the pod.
+*/}}
+{{- define "gpuadm.uninstallLabels" -}}
+app.kubernetes.io/name: gpuadm-uninstall
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/*
 The Secret the pods serve, mounted, when something else keeps it: cert-manager's gpuadm-tls,
 or the admin's tls.existingSecret. Empty when gpuadm keeps its own TLS (serve --manage-tls).
 */}}
