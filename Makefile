@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: help install run test test-fast lint controlplane tools image dev-cluster bench clean
+.PHONY: help install run test test-fast lint controlplane tools node image dev-cluster bench clean
 
 help:
 	@echo "make run          serve gpuadm on https://127.0.0.1:8443 with the bundled example config"
@@ -15,8 +15,9 @@ help:
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
 	@echo "make controlplane build kube-apiserver, kube-scheduler and etcd for the e2e suite (cached)"
 	@echo "make tools        build kustomize, helm and promtool, to render and check deploy/ in the tests (cached)"
+	@echo "make node         install containerd, runc, CNI plugins, buildah, mmdebstrap and umoci for the real node and the image (Debian, root)"
 	@echo "make image        the gpuadm image from the Dockerfile, on a local Debian base; prints its OCI archive and name (cached)"
-	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes and gpuadm to try by hand"
+	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes, and gpuadm's chart on a real node, to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
 
 $(STAMP): pyproject.toml
@@ -43,12 +44,16 @@ controlplane:
 tools:
 	bash deploy/tools/install.sh >/dev/null
 
+# The real node of the e2e suite and the image it runs: Debian's packages, installed once.
+node:
+	bash tests/e2e/node/setup.sh
+
 # As root, with mmdebstrap and buildah; reaches only Debian's mirror and PyPI. See image/build.sh.
 image:
 	bash image/build.sh
 
 # pytest exits 5 when it collected nothing: that is a broken suite, never a pass.
-test: lint $(STAMP) controlplane tools
+test: lint $(STAMP) controlplane tools node
 	$(BIN)/pytest; status=$$?; \
 	if [ $$status -eq 5 ]; then echo "pytest collected no tests: the suite is broken" >&2; fi; \
 	exit $$status
@@ -56,7 +61,10 @@ test: lint $(STAMP) controlplane tools
 test-fast: $(STAMP) tools
 	$(BIN)/pytest -m "not e2e"
 
-dev-cluster: $(STAMP) controlplane
+# With root and the node's packages, gpuadm runs on a real node, installed by its chart;
+# without them ("-": setup may fail), as a process, and the dev cluster says why.
+dev-cluster: $(STAMP) controlplane tools
+	-bash tests/e2e/node/setup.sh
 	$(BIN)/python -m tests.e2e.dev_cluster
 
 # vegeta, the compiled load generator, is built once from its Go module like the tools above.

@@ -4,11 +4,15 @@ Usage::
 
     python -m tests.e2e.dev_cluster [--kubeconfig PATH]
 
-Starts the same etcd, kube-apiserver and kube-scheduler the end-to-end tests
-use, fake GPU nodes for the classes of the example policy, and one gpuadm
-registered with the webhook configurations from deploy/base and the example
-policy and quotas; prints how to reach them, and stops everything cleanly on
-Ctrl-C or SIGTERM.
+Starts the same etcd, kube-apiserver, kube-scheduler and controller manager the
+end-to-end tests use, fake GPU nodes for the classes of the example policy, and a
+real node (containerd and a kubelet) on which gpuadm's image runs, installed by its
+Helm chart with the example policy and quotas, as a user installs it. Prints how to
+reach them, and stops everything cleanly on Ctrl-C or SIGTERM.
+
+The real node needs root and the packages of ``make node``. Without them, gpuadm
+runs as one process on this machine instead, registered by URL, and the reason is
+printed.
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from pathlib import Path
 from types import FrameType
 
 import kubernetes.client
+import yaml
 
-from tests.e2e.cluster import ControlPlane, ControlPlaneError
+from tests.e2e.cluster import CONTROLLERS, ControlPlane, ControlPlaneError
 from tests.e2e.gpuadm import (
     NAMESPACE,
     SCHEDULER_NAMES,
@@ -35,6 +40,8 @@ from tests.e2e.gpuadm import (
     register_webhooks,
     wait_until,
 )
+from tests.e2e.installed import Installation, build_image, helm_binary
+from tests.e2e.kubelet import REAL_NODE_CONTROLLERS, KubeletNode, NodeError, node_prerequisites
 from tests.e2e.nodes import EXAMPLE_POOLS, create_pools
 from tests.support import ROOT
 
@@ -56,7 +63,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str]) -> str:
+def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str], real_node: str) -> str:
     """Describe how to reach the running control plane, with and without kubectl."""
     quoted = shlex.quote(str(kubeconfig))
     curl = (
@@ -67,13 +74,28 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str]) -> str:
         "python -c 'import kubernetes as k; k.config.load_kube_config();"
         " print([n.metadata.name for n in k.client.CoreV1Api().list_namespace().items])'"
     )
+    if real_node:
+        where = [
+            f"gpuadm runs on the real node {real_node}, installed by its Helm chart, as in a",
+            "cluster; the scheduler binds GPU pods to the fake nodes, where they stay Pending.",
+        ]
+        watch = [
+            f"  kubectl get pods -n {NAMESPACE} -o wide",
+            f"  kubectl logs -n {NAMESPACE} deploy/gpuadm",
+        ]
+    else:
+        where = [
+            "gpuadm runs as a process on this machine (no real node here); the scheduler binds",
+            "pods to the fake nodes, where they stay Pending.",
+        ]
+        watch = []
     return "\n".join(
         [
-            "Control plane is ready. There is no controller-manager or kubelet: the scheduler",
-            "binds pods to the fake nodes, and there they stay Pending.",
+            "Control plane is ready.",
+            *where,
             f"  API server:  {plane.url}",
             f"  kubeconfig:  {kubeconfig}",
-            f"  nodes:       {' '.join(nodes)}",
+            f"  nodes:       {' '.join(nodes + ([real_node] if real_node else []))}",
             f"  logs:        {plane.log_path('kube-apiserver')}",
             f"               {plane.log_path('kube-scheduler')}",
             f"               {plane.log_path('etcd')}",
@@ -86,6 +108,7 @@ def usage_hint(plane: ControlPlane, kubeconfig: Path, nodes: list[str]) -> str:
             "",
             "gpuadm serves the example policy and quotas (ConfigMaps gpuadm-policy and",
             f"gpuadm-quotas in namespace {NAMESPACE}); try, with kubectl:",
+            *watch,
             "  kubectl get nodes -L nvidia.com/gpu.product",
             "  kubectl create namespace team-a",
             "  kubectl create -f examples/pods/a100-half.yaml",
@@ -130,26 +153,83 @@ def start_gpuadm(plane: ControlPlane) -> GpuadmProcess:
     return gpuadm
 
 
-def start_scheduling(plane: ControlPlane) -> list[str]:
-    """Start kube-scheduler, the controllers (Jobs, role aggregation) and the example policy's
-    nodes; return the nodes' names."""
+def install_on_real_node(plane: ControlPlane, node: KubeletNode) -> Installation:
+    """Build gpuadm's image, load it into the node, and install the chart with the examples."""
+    print("Building gpuadm's image (cached after the first time)...", flush=True)
+    image = build_image()
+    node.load_image(image.archive)
+    installation = Installation(plane, node, helm_binary(), image)
+    examples = ROOT / "examples"
+    values = installation.values(
+        image,
+        yaml.safe_load((examples / "quotas.yaml").read_text()),
+        policy=yaml.safe_load((examples / "policy.yaml").read_text()),
+    )
+    print("Installing the chart deploy/helm/gpuadm on the real node...", flush=True)
+    installation.install(values)
+    return installation
+
+
+def start_scheduling(plane: ControlPlane, controllers: tuple[str, ...]) -> list[str]:
+    """Start kube-scheduler, the controllers and the example policy's nodes; return the nodes'
+    names."""
     plane.start_scheduler(SCHEDULER_NAMES)
-    plane.start_controller_manager()
+    plane.start_controller_manager(controllers)
     with plane.api_client() as api:
         return create_pools(kubernetes.client.CoreV1Api(api), EXAMPLE_POOLS)
 
 
-def serve(plane: ControlPlane, kubeconfig: Path, gpuadm: GpuadmProcess, nodes: list[str]) -> None:
+def serve(
+    plane: ControlPlane,
+    kubeconfig: Path,
+    nodes: list[str],
+    gpuadm: GpuadmProcess | None,
+    node: KubeletNode | None,
+) -> None:
     """Print the usage hint, then block until interrupted or a process dies."""
-    print(usage_hint(plane, kubeconfig, nodes), flush=True)
+    print(usage_hint(plane, kubeconfig, nodes, node.name if node else ""), flush=True)
     try:
         while True:
             plane.raise_if_exited()
-            if gpuadm.process is not None and gpuadm.process.poll() is not None:
+            if node is not None:
+                node.raise_if_exited()
+            if (
+                gpuadm is not None
+                and gpuadm.process is not None
+                and gpuadm.process.poll() is not None
+            ):
                 raise ControlPlaneError(f"gpuadm exited:\n{gpuadm.log_tail()}")
             time.sleep(HEALTH_CHECK_SECONDS)
     except KeyboardInterrupt:
         print("\nStopping the control plane.", flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    """Start everything, serve until interrupted, stop everything."""
+    problem = node_prerequisites()
+    if problem:
+        print(f"No real node: {problem}. gpuadm runs as a process instead.", flush=True)
+    with ControlPlane() if problem else ControlPlane.for_real_node() as plane:
+        kubeconfig = plane.kubeconfig_path
+        if args.kubeconfig is not None:
+            # copy() keeps the owner-only mode: the file holds the admin token.
+            kubeconfig = Path(shutil.copy(plane.kubeconfig_path, args.kubeconfig))
+        try:
+            if problem:
+                nodes = start_scheduling(plane, CONTROLLERS)
+                gpuadm = start_gpuadm(plane)
+                try:
+                    serve(plane, kubeconfig, nodes, gpuadm, None)
+                finally:
+                    gpuadm.stop()
+            else:
+                nodes = start_scheduling(plane, REAL_NODE_CONTROLLERS)
+                with KubeletNode(plane) as node:
+                    install_on_real_node(plane, node)
+                    serve(plane, kubeconfig, nodes, None, node)
+        finally:
+            if args.kubeconfig is not None:
+                kubeconfig.unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,19 +237,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     stop_on_sigterm()
     try:
-        with ControlPlane() as plane:
-            kubeconfig = plane.kubeconfig_path
-            if args.kubeconfig is not None:
-                # copy() keeps the owner-only mode: the file holds the admin token.
-                kubeconfig = Path(shutil.copy(plane.kubeconfig_path, args.kubeconfig))
-            gpuadm = start_gpuadm(plane)
-            try:
-                serve(plane, kubeconfig, gpuadm, start_scheduling(plane))
-            finally:
-                gpuadm.stop()
-                if args.kubeconfig is not None:
-                    kubeconfig.unlink(missing_ok=True)
-    except ControlPlaneError as error:
+        run(args)
+    except (ControlPlaneError, NodeError, AssertionError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -55,6 +55,24 @@ class Image:
         return self.name.rsplit(":", 1)[1]
 
 
+def helm_binary() -> Path:
+    """helm, built from its Go module by deploy/tools/install.sh if not yet cached."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "tools" / "install.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(
+            f"deploy/tools/install.sh exited {result.returncode}:\n{result.stderr}"
+        )
+    for directory in result.stdout.strip().splitlines()[-1].split(os.pathsep):
+        if (Path(directory) / "helm").is_file():
+            return Path(directory) / "helm"
+    raise AssertionError(f"deploy/tools/install.sh built no helm: {result.stdout}")
+
+
 def build_image() -> Image:
     """Build gpuadm's image from the Dockerfile (cached), as `make image` does."""
     result = subprocess.run(

@@ -10,7 +10,8 @@ What it sets up, all under one temporary directory that ``stop()`` removes:
 - containerd on its own socket and state, with the CRI plugin on cgroupfs (the kernel mounts
   cgroup v1 here), the overlayfs snapshotter, and a pause image made locally (``pause.go``),
   so nothing is pulled from a registry;
-- a CNI bridge (``BRIDGE``) with host-local addresses from ``POD_SUBNET``; the host reaches
+- a CNI bridge (``BRIDGE``) with host-local addresses from ``POD_SUBNET``, one node per
+  machine at a time; the host reaches
   pods on it directly, which is how the apiserver calls a webhook through its Service
   (``--enable-aggregator-routing``: the apiserver dials an endpoint of the Service);
 - the ``kubernetes`` Service's address, DNAT-ed by one iptables rule to the apiserver, so
@@ -114,6 +115,7 @@ class KubeletNode:
         self._workdir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self._nat_rule: list[str] = []
+        self._bridge_made = False
 
     # -- public API -------------------------------------------------------
 
@@ -185,9 +187,12 @@ class KubeletNode:
             subprocess.run(["iptables", "-t", "nat", "-D", *self._nat_rule], check=False)
             self._nat_rule = []
         if self._workdir is not None:
-            self._remove_network_namespaces()
             _unmount_under(self._workdir)
-            subprocess.run(["ip", "link", "delete", BRIDGE], check=False, stderr=subprocess.DEVNULL)
+            if self._bridge_made:
+                subprocess.run(
+                    ["ip", "link", "delete", BRIDGE], check=False, stderr=subprocess.DEVNULL
+                )
+                self._bridge_made = False
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
 
@@ -215,7 +220,7 @@ class KubeletNode:
         self._spawn("containerd", ["containerd", "--config", str(config)])
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while not self.socket.exists() or not self._ctr_ok("version"):
-            self._raise_if_exited()
+            self.raise_if_exited()
             if time.monotonic() > deadline:
                 raise NodeError(f"containerd did not start\n{self.log_tail('containerd')}")
             time.sleep(0.2)
@@ -237,6 +242,9 @@ state = "{root / "state"}"
   # This machine's processes may not lower their OOM score (no CAP_SYS_RESOURCE), and the
   # kubelet asks -998 for sandboxes: clamp to containerd's own score instead.
   restrict_oom_score_adj = true
+  # Pod network namespaces under this node's own state, not /var/run/netns, so that stopping
+  # the node removes its namespaces and no one else's.
+  netns_mounts_under_state_dir = true
 
 [{cri}.containerd]
   snapshotter = "overlayfs"
@@ -319,6 +327,12 @@ state = "{root / "state"}"
         apiserver's route to pods must exist before the first webhook call. The CNI bridge
         plugin takes over an existing bridge of its name.
         """
+        if Path("/sys/class/net", BRIDGE).exists():
+            raise NodeError(
+                f"the bridge {BRIDGE} exists: another test node runs on this machine (the "
+                f"suite, or make dev-cluster). If none does, a killed run left it behind: "
+                f"ip link delete {BRIDGE}"
+            )
         for command in (
             ["ip", "link", "add", BRIDGE, "type", "bridge"],
             ["ip", "address", "add", f"{POD_GATEWAY}/{POD_SUBNET.split('/')[1]}", "dev", BRIDGE],
@@ -327,6 +341,7 @@ state = "{root / "state"}"
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 raise NodeError(f"{' '.join(command)}: {result.stderr.strip()}")
+            self._bridge_made = True
 
     def _route_kubernetes_service(self) -> None:
         """Send the kubernetes Service's address to the apiserver, as kube-proxy would."""
@@ -352,12 +367,6 @@ state = "{root / "state"}"
         if result.returncode != 0:
             self._nat_rule = []
             raise NodeError(f"iptables: {result.stderr.strip()}")
-
-    def _remove_network_namespaces(self) -> None:
-        # containerd names the namespaces of pod sandboxes cni-<uuid>; only this node's run
-        # makes them here, and all its sandboxes are gone by now.
-        for path in glob.glob("/var/run/netns/cni-*"):
-            subprocess.run(["ip", "netns", "delete", Path(path).name], check=False)
 
     # -- kubelet ------------------------------------------------------------
 
@@ -414,7 +423,7 @@ state = "{root / "state"}"
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
         while not self._node_ready():
-            self._raise_if_exited()
+            self.raise_if_exited()
             if time.monotonic() > deadline:
                 raise NodeError(
                     f"node {self.name} was not Ready after {READY_TIMEOUT_SECONDS:.0f}s\n"
@@ -461,7 +470,7 @@ state = "{root / "state"}"
                 start_new_session=True,
             )
 
-    def _raise_if_exited(self) -> None:
+    def raise_if_exited(self) -> None:
         for name, process in self._processes.items():
             if process.poll() is not None:
                 raise NodeError(

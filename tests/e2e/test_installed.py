@@ -16,7 +16,6 @@ import ssl
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from cryptography import x509
@@ -33,6 +32,7 @@ from tests.e2e.installed import (
     Installation,
     Stream,
     build_image,
+    helm_binary,
     wait_for,
 )
 from tests.e2e.kubelet import REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
@@ -50,20 +50,6 @@ QUOTAS = {"mode": "enforce", "namespaces": TENANTS}
 GATE = "gpuadm.io/quota"
 
 
-def _helm() -> Path:
-    result = subprocess.run(
-        ["bash", str(ROOT / "deploy" / "tools" / "install.sh")],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr
-    for directory in result.stdout.strip().splitlines()[-1].split(":"):
-        if (Path(directory) / "helm").is_file():
-            return Path(directory) / "helm"
-    raise AssertionError(f"deploy/tools/install.sh built no helm: {result.stdout}")
-
-
 @pytest.fixture(scope="module")
 def image() -> Image:
     return build_image()
@@ -79,7 +65,7 @@ def installation(image: Image) -> Iterator[Installation]:
         plane.start_controller_manager(REAL_NODE_CONTROLLERS)
         with KubeletNode(plane) as node:
             node.load_image(image.archive)
-            installed = Installation(plane, node, _helm(), image)
+            installed = Installation(plane, node, helm_binary(), image)
             for namespace in TENANTS:
                 installed.make_namespace(namespace)
             installed.install(installed.values(image, QUOTAS))

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the suite's real node runs beside the kubelet (tests/e2e/kubelet.py): containerd
-# with its CRI plugin, runc, the CNI plugins and iptables, from Debian's packages. The kubelet
-# itself is built from its Go module with the control plane (../controlplane/build.sh).
+# with its CRI plugin, runc, the CNI plugins and iptables; and what builds and unpacks the
+# gpuadm image that runs there (image/build.sh, tests/image): mmdebstrap, buildah and umoci. All
+# from Debian's packages. The kubelet itself is built from its Go module with the control plane
+# (../controlplane/build.sh).
 #
 # Safe to run repeatedly: with every command present it does nothing. It needs root (apt-get),
 # as the node itself does. The packages' own services are not used: the tests start containerd
@@ -18,6 +20,9 @@ declare -A PACKAGES=(
     [iptables]=iptables
     [/usr/lib/cni/bridge]=containernetworking-plugins
     [/usr/lib/cni/host-local]=containernetworking-plugins
+    [mmdebstrap]=mmdebstrap
+    [buildah]=buildah
+    [umoci]=umoci
 )
 
 missing=()
@@ -31,7 +36,7 @@ for thing in "${!PACKAGES[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    log "up to date: containerd, runc, CNI plugins, iptables"
+    log "up to date: containerd, runc, CNI plugins, iptables, mmdebstrap, buildah, umoci"
     exit 0
 fi
 
