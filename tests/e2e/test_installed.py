@@ -17,6 +17,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 
+import kubernetes.client
 import pytest
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
@@ -28,6 +29,7 @@ from tests.e2e.conftest import _sigterm_as_interrupt
 from tests.e2e.installed import (
     LEASE_SECONDS,
     NAMESPACE,
+    RELEASE,
     Image,
     Installation,
     Stream,
@@ -236,3 +238,26 @@ def test_the_queue_moves_on_when_its_leader_is_killed(installation: Installation
     # first pass (docs/operations.md).
     assert took < 3 * LEASE_SECONDS + 5
     assert installation.leader() != leader
+
+
+def test_uninstall_leaves_no_pod_behind_a_gate(installation: Installation) -> None:
+    for pod in installation.core.list_namespaced_pod("line").items:
+        installation.core.delete_namespaced_pod(pod.metadata.name, "line")
+    running = installation.create_gpu_pod("line")["metadata"]["name"]
+    wait_for(lambda: not _gated(installation, running), "the pod in line released", 60)
+    waiting = installation.create_gpu_pod("line")["metadata"]["name"]
+    assert _gated(installation, waiting)
+
+    installation.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+
+    assert not _gated(installation, waiting)
+    admission = kubernetes.client.AdmissionregistrationV1Api(installation.api)
+    assert admission.list_mutating_webhook_configuration().items == []
+    assert admission.list_validating_webhook_configuration().items == []
+    wait_for(lambda: installation.gpuadm_pods() == [], "gpuadm's pods gone")
+    # With gpuadm gone, a GPU pod is created unjudged, as in a cluster without it.
+    installation.create_gpu_pod("burst")
+    # What stays, as docs/deploy.md says: the CRD, and with it the GPUQuota objects.
+    extensions = kubernetes.client.ApiextensionsV1Api(installation.api)
+    crds = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
+    assert "gpuquotas.gpuadm.io" in crds
