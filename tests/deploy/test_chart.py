@@ -105,6 +105,7 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
             id="selector-label",
         ),
         pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
+        pytest.param("image.digest=sha256:abc", "does not match pattern", id="short-digest"),
         pytest.param(
             "uninstallHook.enable=false",
             "additional properties 'enable' not allowed",
@@ -228,6 +229,19 @@ def test_custom_values_render_objects_the_api_accepts(
 ) -> None:
     assert schema_errors(api_client, _deployment(custom)) == []
     assert schema_errors(api_client, Rendered("helm", custom).one("Job", "gpuadm-uninstall")) == []
+
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def test_an_image_digest_pins_what_every_pod_pulls(render: Render) -> None:
+    pinned = Rendered("helm", render("helm", "--set", f"image.digest={DIGEST}"))
+    want = f"ghcr.io/gpuadm/gpuadm@{DIGEST}"
+    assert [c["image"] for c in _pod_spec(pinned.objects)["containers"]] == [want]
+    job = pinned.one("Job", "gpuadm-uninstall")
+    assert [c["image"] for c in job["spec"]["template"]["spec"]["containers"]] == [want]
+    by_tag = _pod_spec(render("helm", "--set", "image.tag=1.2.3"))["containers"][0]["image"]
+    assert by_tag == "ghcr.io/gpuadm/gpuadm:1.2.3"
 
 
 def test_the_default_placement_can_be_dropped(render: Render) -> None:

@@ -189,3 +189,15 @@ policies/guard.py): only the GPU stack writes them.
   ))
 ))
 {{- end }}
+
+{{/*
+The image reference: by digest when one is given (the tag then only labels it), else by tag.
+*/}}
+{{- define "gpuadm.image" -}}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- end -}}
+{{- end }}
