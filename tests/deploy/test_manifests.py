@@ -621,7 +621,7 @@ def _check_binding(rendered: Rendered, kind: str, role: str) -> None:
 
 def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
     assert _rules(rendered.one("ClusterRole")) == sorted(
-        SERVE_CLUSTER_RULES + UNINSTALL_CLUSTER_RULES
+        [*SERVE_CLUSTER_RULES, *UNINSTALL_CLUSTER_RULES]
     )
     assert _rules(rendered.one("Role")) == sorted(SERVE_NAMESPACE_RULES)
     for kind in ("ClusterRole", "Role"):
