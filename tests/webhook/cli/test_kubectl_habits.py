@@ -137,7 +137,7 @@ def test_the_old_namespace_flag_still_works_and_warns(
     assert "gpuadm.gpu-adm.svc" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", [["certs", "show"], ["serve"]])
+@pytest.mark.parametrize("command", [["certs", "show"], ["serve"], ["uninstall"]])
 def test_dash_n_is_no_flag_of_commands_without_a_tenant(command: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main([*command, "-n", "team-a"])

@@ -19,6 +19,7 @@ from typing import Any
 
 import jsonpatch
 import pytest
+import yaml
 
 from tests.builders import POLICY_YAML
 from tests.support import ROOT
@@ -357,6 +358,7 @@ def test_the_command_says_what_a_dry_run_would_do(tmp_path: Path) -> None:
 
         text = uninstall_command()
         shown = uninstall_command("-o", "json")
+        as_yaml = uninstall_command("-o", "yaml")
     assert text.returncode == 0, text.stderr
     assert text.stdout.splitlines() == [
         "mutatingwebhookconfiguration/gpuadm not found: already gone (dry run)",
@@ -374,3 +376,5 @@ def test_the_command_says_what_a_dry_run_would_do(tmp_path: Path) -> None:
         ],
         "lifted": [{"namespace": "team-a", "name": "waiting"}],
     }
+    assert as_yaml.returncode == 0, as_yaml.stderr
+    assert yaml.safe_load(as_yaml.stdout) == json.loads(shown.stdout)
