@@ -22,11 +22,9 @@ admin runs it before `kubectl delete -k`. It can be run again: each step is done
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -108,16 +106,17 @@ def _seconds(text: str) -> float:
     return value
 
 
-@dataclass
 class Uninstalled:
-    """What `gpuadm uninstall` did, or would do with --dry-run."""
+    """What `gpuadm uninstall` did, or would do with --dry-run. (A plain class: a dataclass
+    is built when its module loads, and every command loads this one.)"""
 
-    gate: str
-    dry_run: bool
-    # (kind, name, whether it existed: deleted, or would be)
-    configurations: list[tuple[str, str, bool]] = field(default_factory=list)
-    # "namespace/name" of each pod whose gate was lifted (or would be)
-    lifted: list[str] = field(default_factory=list)
+    def __init__(self, gate: str, dry_run: bool) -> None:
+        self.gate = gate
+        self.dry_run = dry_run
+        # (kind, name, whether it existed: deleted, or would be)
+        self.configurations: list[tuple[str, str, bool]] = []
+        # "namespace/name" of each pod whose gate was lifted (or would be)
+        self.lifted: list[str] = []
 
     def to_json(self) -> dict[str, Any]:
         """The result as -o json and -o yaml print it."""
@@ -214,14 +213,17 @@ async def uninstall(
     *,
     dry_run: bool,
     settle: float = SETTLE_SECONDS,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    sleep: Callable[[float], Awaitable[None]] | None = None,
 ) -> Uninstalled:
     """Do the three steps (see the module's docstring); return what was done.
 
     A call that fails before anything changed is raised as it came (`KubeError`); one that
     fails after is raised as `Unfinished`, with what was done by then, so that the admin
     knows the cluster is half way and that running the command again finishes the work.
+    `sleep` waits the settle (asyncio's, unless a test gives its own).
     """
+    import asyncio
+
     from webhook.kube.errors import KubeError
 
     done = Uninstalled(await gate_of(api, gpuadm_namespace), dry_run)
@@ -233,7 +235,7 @@ async def uninstall(
                 existed = await api.delete_webhook_configuration(kind, configuration)
             done.configurations.append((kind_name, configuration, existed))
         if not dry_run and settle > 0 and done.deleted():
-            await sleep(settle)
+            await (sleep or asyncio.sleep)(settle)
         await lift_gates(api, done)
     except (KubeError, CommandError) as error:
         if dry_run or not (done.deleted() or done.lifted):
@@ -274,6 +276,8 @@ async def lift_gates(api: AsyncApi, done: Uninstalled) -> None:
     The pods of a page are patched a few at a time; the first failure is raised once the
     page's other patches are done, so that what was lifted is all counted.
     """
+    import asyncio
+
     from policies.queue import remove_gate
 
     slots = asyncio.Semaphore(PARALLEL_PATCHES)
