@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from tests.certs.factory import make_ca, make_client
 
-__all__ = ["ControlPlane", "ControlPlaneError", "ensure_binaries"]
+__all__ = ["ControlPlane", "ControlPlaneError", "ensure_binaries", "spawn_logged", "terminate"]
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "controlplane" / "build.sh"
 LOOPBACK = "127.0.0.1"
@@ -334,7 +334,7 @@ class ControlPlane:
     def _stop_one(self, name: str) -> None:
         process = self._processes.pop(name, None)
         if process is not None:
-            _terminate(process)
+            terminate(process)
 
     def stop(self) -> None:
         """Stop every process (SIGTERM, then SIGKILL) and delete the temp dir.
@@ -346,7 +346,7 @@ class ControlPlane:
         for name in PROCESSES:
             process = self._processes.pop(name, None)
             if process is not None:
-                _terminate(process)
+                terminate(process)
         if self._workdir is not None:
             shutil.rmtree(self._workdir, ignore_errors=True)
             self._workdir = None
@@ -430,18 +430,7 @@ class ControlPlane:
         ]
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        with open(self.log_path(name), "wb") as log:
-            self._processes[name] = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                # Own session: a Ctrl-C in the terminal reaches only Python,
-                # which then stops the processes in order.
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+        self._processes[name] = spawn_logged(command, self.log_path(name), self.workdir)
 
     def _apiserver_ready(self) -> bool:
         if not self.ca_file.exists():
@@ -606,13 +595,29 @@ def _probe(url: str, context: ssl.SSLContext | None, token: str = "") -> tuple[i
         return 0, ""
 
 
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    """Stop ``process`` with SIGTERM, escalating to SIGKILL after a grace period."""
+def spawn_logged(command: list[str], log_path: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    """Start a server process whose output goes to ``log_path`` and that dies with us."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            # Own session: a Ctrl-C in the terminal reaches only Python,
+            # which then stops the processes in order.
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+
+
+def terminate(process: subprocess.Popen[bytes], grace: float = STOP_GRACE_SECONDS) -> None:
+    """Stop ``process`` with SIGTERM, escalating to SIGKILL after ``grace`` seconds."""
     if process.poll() is not None:
         return
     process.send_signal(signal.SIGTERM)
     try:
-        process.wait(timeout=STOP_GRACE_SECONDS)
+        process.wait(timeout=grace)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()

@@ -43,7 +43,7 @@ from types import TracebackType
 
 import yaml
 
-from tests.e2e.cluster import ControlPlane
+from tests.e2e.cluster import ControlPlane, spawn_logged, terminate
 
 __all__ = [
     "BRIDGE",
@@ -177,12 +177,12 @@ class KubeletNode:
         """
         kubelet = self._processes.pop("kubelet", None)
         if kubelet is not None:
-            _terminate(kubelet)
+            terminate(kubelet, STOP_GRACE_SECONDS)
         if self._workdir is not None:
             self._kill_shims()
         containerd = self._processes.pop("containerd", None)
         if containerd is not None:
-            _terminate(containerd)
+            terminate(containerd, STOP_GRACE_SECONDS)
         if self._nat_rule:
             subprocess.run(["iptables", "-t", "nat", "-D", *self._nat_rule], check=False)
             self._nat_rule = []
@@ -460,15 +460,7 @@ state = "{root / "state"}"
     # -- processes -------------------------------------------------------------
 
     def _spawn(self, name: str, command: list[str]) -> None:
-        with open(self.workdir / f"{name}.log", "wb") as log:
-            self._processes[name] = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,
-            )
+        self._processes[name] = spawn_logged(command, self.workdir / f"{name}.log", self.workdir)
 
     def raise_if_exited(self) -> None:
         for name, process in self._processes.items():
@@ -566,14 +558,3 @@ def _unmount_under(directory: Path) -> None:
         points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
     for point in sorted(points, key=len, reverse=True):
         subprocess.run(["umount", "--lazy", point], check=False, stderr=subprocess.DEVNULL)
-
-
-def _terminate(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is not None:
-        return
-    process.send_signal(signal.SIGTERM)
-    try:
-        process.wait(timeout=STOP_GRACE_SECONDS)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()

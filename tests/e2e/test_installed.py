@@ -4,25 +4,30 @@ Its image, built from the Dockerfile, runs on a real node (containerd, runc, a k
 there by `helm install` of deploy/helm/gpuadm. The apiserver calls the webhooks through the
 Service. Then the admin's days: a replica killed in a burst, a `helm upgrade` to a new image
 and config under a steady stream of creates, a CA rotation, the queue's leader killed, and
-`helm uninstall`. The scenarios share one installation and run in file order; the last one
-uninstalls it.
+`helm uninstall`; and after it, deploy/base applied as an admin without Helm would. The
+scenarios share one installation and run in file order.
 """
 
 from __future__ import annotations
 
 import base64
+import os
 import socket
 import ssl
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import kubernetes.client
 import pytest
+import yaml
 from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
 
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.conftest import _sigterm_as_interrupt
@@ -37,7 +42,7 @@ from tests.e2e.installed import (
     helm_binary,
     wait_for,
 )
-from tests.e2e.kubelet import REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
+from tests.e2e.kubelet import NODE_LABEL, REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
 from tests.support import ROOT
 
 BURST = 200
@@ -261,3 +266,83 @@ def test_uninstall_leaves_no_pod_behind_a_gate(installation: Installation) -> No
     extensions = kubernetes.client.ApiextensionsV1Api(installation.api)
     crds = {c.metadata.name for c in extensions.list_custom_resource_definition().items}
     assert "gpuquotas.gpuadm.io" in crds
+
+
+def _kustomized_base(installation: Installation, directory: Path) -> list[dict[str, Any]]:
+    """deploy/base, as an admin overlays it: this image, on the real node."""
+    image = installation.image
+    overlay = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [os.path.relpath(ROOT / "deploy" / "base", directory)],
+        "images": [
+            {"name": "ghcr.io/gpuadm/gpuadm", "newName": image.repository, "newTag": image.tag}
+        ],
+        "patches": [
+            {
+                "target": {"kind": "Deployment", "name": "gpuadm"},
+                "patch": yaml.safe_dump(
+                    [
+                        {
+                            "op": "add",
+                            "path": "/spec/template/spec/nodeSelector",
+                            "value": {NODE_LABEL: "true"},
+                        },
+                        {
+                            "op": "replace",
+                            "path": "/spec/template/spec/containers/0/imagePullPolicy",
+                            "value": "Never",
+                        },
+                    ]
+                ),
+            }
+        ],
+    }
+    (directory / "kustomization.yaml").write_text(yaml.safe_dump(overlay))
+    # deploy/tools/install.sh puts each tool in a versioned directory of its own.
+    tools = installation.helm_binary.parent.parent.parent
+    found = [p for p in tools.glob("*/bin/kustomize") if p.is_file()]
+    assert found, f"no kustomize beside {installation.helm_binary}"
+    result = subprocess.run(
+        [str(found[0]), "build", str(directory)], capture_output=True, text=True, check=True
+    )
+    return [o for o in yaml.safe_load_all(result.stdout) if o]
+
+
+def test_the_kustomize_base_installs_and_serves_too(
+    installation: Installation, tmp_path: Path
+) -> None:
+    """After the chart is gone: deploy/base with kubectl's apply, as an admin without Helm."""
+    dynamic = DynamicClient(installation.api)
+    for obj in _kustomized_base(installation, tmp_path):
+        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        resource.server_side_apply(
+            body=obj,
+            name=obj["metadata"]["name"],
+            namespace=obj["metadata"].get("namespace"),
+            field_manager="kubectl",
+            force_conflicts=True,
+        )
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods of deploy/base Ready")
+    assert {p.spec.containers[0].image for p in installation.ready_pods()} == {
+        installation.image.name
+    }
+
+    stored = installation.create_gpu_pod("upgraded")
+    assert _stored_limits(stored) == {"nvidia.com/gpu": "1"}
+
+    # The kustomize uninstall's first step (docs/deploy.md), before kubectl delete -k.
+    subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "gpuadm"),
+            "uninstall",
+            "--kubeconfig",
+            str(installation.plane.kubeconfig_path),
+            "--gpuadm-namespace",
+            NAMESPACE,
+        ],
+        check=True,
+        capture_output=True,
+    )
+    admission = kubernetes.client.AdmissionregistrationV1Api(installation.api)
+    assert admission.list_validating_webhook_configuration().items == []
