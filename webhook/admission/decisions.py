@@ -55,16 +55,26 @@ MUTATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, pods, operations("CREATE
 VALIDATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, operations("CREATE", "UPDATE"))
 
 
+def _judged_or_snapshot(
+    request: AdmissionRequest, config: ConfigHolder
+) -> Decision | ConfigSnapshot:
+    """The edge's answer if a filter judged the request already; else the config to judge by,
+    or an error to retry when none is loaded."""
+    if (answer := judged_kind(request)) is not None:
+        return answer
+    try:
+        return config.current
+    except NoConfig as error:
+        return Decision("error", f"{error}; retry")
+
+
 async def mutate(
     request: AdmissionRequest, *, config: ConfigHolder, templates: Templates, quota: QuotaGate
 ) -> Decision:
     """Rewrite a pod created with a GPU class into its backend's form."""
-    if (answer := judged_kind(request)) is not None:
-        return answer
-    try:
-        snapshot = config.current
-    except NoConfig as error:
-        return Decision("error", f"{error}; retry")
+    snapshot = _judged_or_snapshot(request, config)
+    if isinstance(snapshot, Decision):
+        return snapshot
     return await mutate_under(request, snapshot, templates=templates, quota=quota)
 
 
@@ -145,12 +155,9 @@ async def validate(
 ) -> Decision:
     """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys;
     and judge DRA claims and templates written in a governed namespace."""
-    if (answer := judged_kind(request)) is not None:
-        return answer
-    try:
-        snapshot = config.current
-    except NoConfig as error:
-        return Decision("error", f"{error}; retry")
+    snapshot = _judged_or_snapshot(request, config)
+    if isinstance(snapshot, Decision):
+        return snapshot
     return await validate_under(request, snapshot, quota=quota, claims=claims, trusted=trusted)
 
 
