@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import threading
 import time
@@ -37,6 +38,9 @@ LEASE_SECONDS = 3
 # stay Pending, stored and charged, and never run.
 TENANT_IMAGE = "registry.invalid/app:1"
 GPU_CLASS = "gpuadm.io/h100"
+# How gpuadm's refusals that a retry may turn around end (docs/troubleshooting.md).
+RETRY_ASKED = re.compile(r"retry( the request| in a few seconds| then)?\.?$")
+RETRIED = ("unreachable", "retry")
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,12 @@ class Outcomes:
     # "failed calling webhook": the apiserver could not reach gpuadm; with the validating
     # webhook's failurePolicy Fail this refuses the create, which the client may retry.
     unreachable: list[str] = field(default_factory=list)
+    # A refusal that asks to retry: the mutating call failed (failurePolicy Ignore) and the
+    # validating webhook saw an unrewritten pod, or a replica was not yet able to judge.
+    retry: list[str] = field(default_factory=list)
     other: list[str] = field(default_factory=list)
+    # Every answer that was retried, whatever the retry's own answer was.
+    retried: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, kind: str, message: str) -> None:
@@ -249,8 +258,9 @@ class Installation:
     ) -> Outcomes:
         """Create `count` GPU pods from `threads` threads; sort each final answer.
 
-        A create the apiserver could not send to gpuadm is retried, as a client (a Job
-        controller, kubectl in a script) would, up to `retries` times. `midway` runs once,
+        A create the apiserver could not send to gpuadm, or that gpuadm refused asking for a
+        retry, is retried, as a client (a Job controller, kubectl in a script) would, up to
+        `retries` times. `midway` runs once,
         from the calling thread, when about a quarter of the creates have been answered.
         """
         outcomes = Outcomes()
@@ -262,9 +272,10 @@ class Installation:
             try:
                 for attempt in range(retries + 1):
                     kind, message = classify(lambda: create(core, namespace))
-                    if kind != "unreachable" or attempt == retries:
+                    if kind not in RETRIED or attempt == retries:
                         outcomes.add(kind, message)
                         return
+                    outcomes.add("retried", message)
                     time.sleep(0.2)
             finally:
                 client.close()
@@ -310,7 +321,7 @@ def classify(call: Callable[[], str]) -> tuple[str, str]:
         if "failed calling webhook" in message:
             return "unreachable", message
         if error.status == 403 and "denied the request" in message:
-            return "refused", message
+            return "retry" if RETRY_ASKED.search(message) else "refused", message
         return "other", f"{error.status}: {message}"
 
 
