@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies.quantity import format_amount, format_bytes
@@ -59,3 +59,5 @@ class Grant:
     warnings: tuple[str, ...] = ()
     # For a class whose GPUs come through a ResourceClaim (`dra`): how many devices it holds.
     devices: int = 0
+    # For a class whose stack reads a share from pod annotations (`kai`): those annotations.
+    annotations: dict[str, str] = field(default_factory=dict)

@@ -27,6 +27,7 @@ from policies.asks import Ask, Grant, MemoryShare, Share, Whole
 from policies.dra_templates import ClaimTemplate
 from policies.errors import Denial
 from policies.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
+from policies.pod_view import ContainerView, PodView
 from policies.quantity import QuantityError, format_amount, format_bytes, parse_quantity
 
 
@@ -114,6 +115,10 @@ class ClassBase(Model):
     # resources, as messages name it, or None: in such pods the guard refuses the variables
     # that switch the limiter off (`guard.isolationSwitches`).
     limiter: ClassVar[str | None] = None
+    # The pod annotations with which the class's stack reads a GPU request from the pod
+    # rather than from its containers' resources (KAI's `gpu-fraction`): gpuadm writes them,
+    # reads them back as the pod's demand (`read_request`), and lets no one else change them.
+    request_annotations: ClassVar[tuple[str, ...]] = ()
 
     memory: Bytes | None = None
     models: list[GpuName] | None = None
@@ -162,6 +167,35 @@ class ClassBase(Model):
         """Return the scheduler the class's pods must use, or None for 'whatever they name'."""
         return self.scheduler_name or self.default_scheduler
 
+    def scheduler_in(self, namespace: str | None) -> str | None:
+        """Return the scheduler the class's pods must use in `namespace` (None: any)."""
+        return self.scheduler
+
+    def pod_labels(self, namespace: str | None) -> Mapping[str, str]:
+        """Return the labels every pod of the class gets in `namespace`, besides gpuadm's."""
+        return {}
+
+    def namespaces_of_their_own(self) -> frozenset[str]:
+        """Return the namespaces whose pods the class treats differently from the rest."""
+        return frozenset()
+
+    def read_request(self, pod: PodView) -> tuple[Ask, ContainerView]:
+        """Read the GPU request the pod's `request_annotations` make, and the container it is
+        for; raise `Denial`. Called only for a class that has request annotations, on a pod
+        that carries one."""
+        raise NotImplementedError
+
+    def request_container_annotations(self, container: str) -> Mapping[str, str]:
+        """Return the annotations that tell the stack which container, named `container`,
+        the request of a grant's `annotations` is for."""
+        return {}
+
+    def stack_devices_env(self, pod: PodView) -> tuple[ContainerView, Mapping[str, Any]] | None:
+        """Return the container and the `NVIDIA_VISIBLE_DEVICES` env entry through which the
+        class's stack itself hands a pod its GPU, or None: the guard lets that one entry be.
+        """
+        return None
+
     def owns(self, resource: str) -> bool:
         """Tell whether a raw resource name belongs to this class's backend."""
         return resource in self.resource_names()
@@ -205,9 +239,12 @@ class ClassBase(Model):
         None for a class whose GPUs are not claimed."""
         return None
 
-    def check_containers(self, class_name: str, containers: Sequence[str]) -> None:
-        """Refuse a pod whose `containers` (named as messages name them), each asking for
-        GPUs of the class, are more than the backend can give to; raise `Denial`."""
+    def check_containers(
+        self, class_name: str, containers: Sequence[tuple[str, Ask | None]]
+    ) -> None:
+        """Refuse a pod whose `containers`, each asking for GPUs of the class (named as
+        messages name them, with what each asks, None for raw resources), are more than the
+        backend can give to; raise `Denial`."""
 
     def grant(self, ask: Ask) -> Grant:
         """Turn an ask into this backend's resources, rounding only ever up."""
@@ -281,7 +318,9 @@ def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) ->
     asked = cls.share_of(ask)
     if grant.charge <= asked:
         return None
+    granted = [describe_resources(grant.resources)] if grant.resources else []
+    granted += [f"annotation {key}: {value}" for key, value in grant.annotations.items()]
     return (
         f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
-        f"({describe_resources(grant.resources)}); quota is charged {format_amount(grant.charge)}"
+        f"({', '.join(granted)}); quota is charged {format_amount(grant.charge)}"
     )

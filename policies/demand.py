@@ -18,7 +18,7 @@ from policies.dra_templates import entry_name, is_entry_name, parse_template_nam
 from policies.errors import Denial
 from policies.pod_shape import clipped, shown
 from policies.pod_view import ContainerView, PodView
-from policies.policy import STANDARD_GPU, ClassKey, Policy, ResourceRole
+from policies.policy import REQUEST_ANNOTATIONS, STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
 
 ContainerKind = Literal["initContainers", "containers"]
@@ -121,13 +121,52 @@ def read_demand(
             f"gpuadm's, which no container lists; ask for {policy.domain}/<class> in the "
             "container instead"
         )
-    if not found:
+    annotations = pod.annotations
+    requested = [key for key in REQUEST_ANNOTATIONS if key in annotations] if annotations else []
+    if not found and not requested:
         return None
-    class_name = _pod_class(pod.annotations, found, policy, namespace_default_class)
+    class_name = _pod_class(annotations, found, policy, namespace_default_class, requested)
     gpu_class = policy.classes[class_name]
-    containers = tuple(_container_demand(item, class_name, gpu_class, policy) for item in found)
-    gpu_class.check_containers(class_name, [str(c.ref) for c in containers])
-    return PodDemand(class_name, gpu_class, containers)
+    containers = [_container_demand(item, class_name, gpu_class, policy) for item in found]
+    if requested:
+        containers = _with_request(pod, requested, class_name, gpu_class, policy, containers)
+    gpu_class.check_containers(class_name, [(str(c.ref), c.ask) for c in containers])
+    return PodDemand(class_name, gpu_class, tuple(containers))
+
+
+def _with_request(
+    pod: PodView,
+    requested: list[str],
+    class_name: str,
+    gpu_class: ClassBase,
+    policy: Policy,
+    containers: list[ContainerDemand],
+) -> list[ContainerDemand]:
+    """Add to `containers` the request the pod makes through its annotations (KAI's
+    `gpu-fraction`), for the container it names; return them all in pod order."""
+    unread = [key for key in requested if key not in gpu_class.request_annotations]
+    if unread:
+        raise Denial(
+            f"annotation {unread[0]} asks a GPU stack for part of a GPU, but class {class_name} "
+            f"(backend {gpu_class.backend_name()}) does not read it; remove it, and ask for "
+            f"{policy.domain}/{class_name} in the container instead"
+        )
+    ask, container = gpu_class.read_request(pod)
+    ref = container_ref(container)
+    if not isinstance(ask, Whole) and not gpu_class.shareable:
+        raise Denial(
+            f"{ref}: class {class_name} gives whole GPUs only (shareable: false), "
+            f"but annotation {requested[0]} asks for {ask.describe()}"
+        )
+    for other in containers:
+        if other.ref.kind == ref.kind and other.ref.index == ref.index:
+            raise Denial(
+                f"{ref} asks for GPUs through annotation {requested[0]} and through its "
+                f"resources too; ask through {policy.domain}/{class_name} alone"
+            )
+    added = [*containers, ContainerDemand(ref, ask)]
+    # A pod view holds init containers first, each list in order; so must the demand.
+    return sorted(added, key=lambda c: (c.ref.kind == "containers", c.ref.index))
 
 
 def _gpuadm_entries(claims: Sequence[Any], policy: Policy) -> dict[str, str]:
@@ -247,6 +286,7 @@ def _pod_class(
     found: list[_Found],
     policy: Policy,
     namespace_default: str | None,
+    requested: list[str],
 ) -> str:
     named: dict[str, ContainerRef] = {}
     for item in found:
@@ -273,8 +313,9 @@ def _pod_class(
         return class_name
     chosen = annotated or namespace_default or policy.default_class
     if chosen is None or chosen not in policy.classes:
+        asked = sorted(found[0].raw) if found else [f"annotation {key}" for key in requested]
         raise Denial(
-            f"the pod asks for GPUs ({', '.join(sorted(found[0].raw))}) but names no class: "
+            f"the pod asks for GPUs ({', '.join(asked)}) but names no class: "
             f"set the annotation {policy.class_annotation}, or ask for {policy.domain}/<class>"
         )
     return chosen

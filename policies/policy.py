@@ -27,14 +27,21 @@ STANDARD_GPU = "nvidia.com/gpu"
 # growing here; names past it are classified on every request instead. A policy's own names
 # number in the tens, so legitimate traffic never reaches it.
 MAX_REMEMBERED_NAMES = 4096
-# The service accounts of HAMi's and Volcano's scheduler and device plugin as their standard
-# installs name them: HAMi's chart installed as `hami` in kube-system, Volcano's scheduler in
-# volcano-system, and its vGPU device plugin's manifest in kube-system.
+# The service accounts of HAMi's and Volcano's scheduler and device plugin, and of KAI's
+# binder, as their standard installs name them: HAMi's chart installed as `hami` in
+# kube-system, Volcano's scheduler in volcano-system, its vGPU device plugin's manifest in
+# kube-system, and KAI's chart in kai-scheduler.
 DEFAULT_GPU_STACK_USERS = (
     "system:serviceaccount:kube-system:hami-scheduler",
     "system:serviceaccount:kube-system:hami-device-plugin",
     "system:serviceaccount:volcano-system:volcano-scheduler",
     "system:serviceaccount:kube-system:volcano-device-plugin",
+    "system:serviceaccount:kai-scheduler:binder",
+)
+# The pod annotations with which any stack gpuadm knows reads a GPU request from the pod
+# (KAI's `gpu-fraction`, ...): a pod that carries one asks for GPUs, whatever its class.
+REQUEST_ANNOTATIONS: tuple[str, ...] = tuple(
+    dict.fromkeys(key for backend in BACKENDS for key in backend.request_annotations)
 )
 # The label of every object gpuadm writes (records, ResourceClaimTemplates).
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -199,6 +206,26 @@ class Policy(Model):
         )
 
     @cached_property
+    def namespaces_of_their_own(self) -> frozenset[str]:
+        """Return the namespaces in which some class treats pods differently (KAI's queues)."""
+        return frozenset(
+            namespace
+            for gpu_class in self.classes.values()
+            for namespace in gpu_class.namespaces_of_their_own()
+        )
+
+    @cached_property
+    def class_label_keys(self) -> tuple[str, ...]:
+        """Return the keys of the labels the classes write on their pods, besides gpuadm's."""
+        keys = {
+            key
+            for gpu_class in self.classes.values()
+            for namespace in (None, *gpu_class.namespaces_of_their_own())
+            for key in gpu_class.pod_labels(namespace)
+        }
+        return tuple(sorted(keys))
+
+    @cached_property
     def gpu_device_class_names(self) -> frozenset[str]:
         """Return every DeviceClass whose devices are GPUs: NVIDIA's, listed, or a dra
         class's."""
@@ -292,6 +319,9 @@ def policy_warnings(policy: Policy) -> list[str]:
 # `gpuResources` by default): pods with these resources, or under the shipped domain.
 ROUTED_PREFIXES = ("nvidia.com/mig-",)
 SHIPPED_DOMAIN = "gpuadm.io"
+# The annotations a stack reads a share from (KAI's) whose updates the shipped validating
+# webhook sends gpuadm (its `update-concerns-gpuadm` matchCondition): none yet.
+ROUTED_REQUEST_ANNOTATIONS: frozenset[str] = frozenset()
 
 
 def routing_warnings(policy: Policy) -> list[str]:
@@ -325,5 +355,16 @@ def routing_warnings(policy: Policy) -> list[str]:
                 f"for {', '.join(names)}, so such pods pass unchecked and uncounted; add them "
                 "to the Helm chart's gpuResources.extraNames (or extraPrefixes), or to the "
                 "matchConditions of both webhook configurations"
+            )
+        unrouted = [
+            key for key in gpu_class.request_annotations if key not in ROUTED_REQUEST_ANNOTATIONS
+        ]
+        if unrouted:
+            warnings.append(
+                f"class {name}: the shipped webhooks do not send gpuadm the updates that change "
+                f"the annotations {gpu_class.backend_name()} reads a share from "
+                f"({', '.join(unrouted)}), so a pending pod's share could be changed after "
+                "admission, past quota; add them to the validating webhook's "
+                "update-concerns-gpuadm matchCondition"
             )
     return warnings

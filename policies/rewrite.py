@@ -8,7 +8,7 @@ after all mutation (extended resources must then be integers with requests == li
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
@@ -22,7 +22,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import REQUIRED, check_metadata, check_pod, shown
 from policies.pod_view import PodView, view_pod
-from policies.policy import Policy
+from policies.policy import REQUEST_ANNOTATIONS, Policy
 from policies.quantity import format_amount, parse_quantity
 
 Patch = list[dict[str, Any]]
@@ -66,13 +66,16 @@ def plan(
     pod: Mapping[str, Any],
     policy: Policy,
     *,
+    namespace: str | None = None,
     namespace_default_class: str | None = None,
     view: PodView | None = None,
 ) -> Plan:
     """Plan the rewrite of a pod; raise `Denial` when the pod asks for something invalid.
 
-    `view` is the pod's view when the caller has made it already (a review makes one, which
-    the guard reads too); it is read only after the pod passed the shape check.
+    `namespace` is the pod's, for a class that treats some namespaces differently (a KAI
+    class's queues), None for what the class does everywhere. `view` is the pod's view when
+    the caller has made it already (a review makes one, which the guard reads too); it is read
+    only after the pod passed the shape check.
     """
     check_pod(pod)
     if view is None:
@@ -85,10 +88,14 @@ def plan(
     charges = []
     patch: Patch = []
     templates: dict[str, ClaimTemplate] = {}
+    requests: dict[str, str] = {}
     for container in demand.containers:
         grant = _grant(container, demand)
         charges.append((container.ref, grant.charge))
         warnings.extend(grant.warnings)
+        if grant.annotations:
+            requests.update(grant.annotations)
+            requests.update(demand.gpu_class.request_container_annotations(container.ref.name))
         entry = None
         if grant.devices:
             entry = entry_name(container.ref.kind, container.ref.index)
@@ -98,10 +105,12 @@ def plan(
         if rewritten != resources:
             patch.append(_add(f"{container.ref.path}/resources", rewritten))
     charge = _pod_charge(demand, charges)
-    _check_scheduler(view, demand)
+    _check_scheduler(view, demand, namespace)
     warnings += _check_device_choice(view, policy, demand.class_name)
-    patch += _metadata_ops(view, policy, demand, charge)
-    patch += _spec_ops(view, demand.gpu_class)
+    metadata, notes = _metadata_ops(view, policy, demand, charge, namespace, requests)
+    patch += metadata
+    warnings += notes
+    patch += _spec_ops(view, demand.gpu_class, namespace)
     patch += _claim_ops(view, templates)
     demand_text = f"{demand.class_name}={format_amount(charge)}"
     return Plan(
@@ -116,7 +125,11 @@ def plan(
 
 
 def memo_key(
-    pod: Mapping[str, Any], policy: Policy, *, namespace_default_class: str | None = None
+    pod: Mapping[str, Any],
+    policy: Policy,
+    *,
+    namespace: str | None = None,
+    namespace_default_class: str | None = None,
 ) -> bytes:
     """Return, canonically encoded, every part of a pod that `plan` reads, and nothing else,
     checking only its metadata.
@@ -126,6 +139,7 @@ def memo_key(
     miss the memo): the pods of one ReplicaSet or Job differ only in what `plan` does not
     read (names, uids, most labels and annotations, images, env).
 
+    The namespace is in the key only where a class treats it differently from the rest.
     The key holds, as they are, the spec fields `check_pod` reads beyond the metadata, so two
     pods of one key pass or fail that check alike: a memo keyed by this, which plans (and so
     checks) each new key, need not check a pod it has seen the like of. A pod's metadata is
@@ -135,8 +149,10 @@ def memo_key(
     spec = pod.get("spec")
     if spec is not None and type(spec) is not dict:
         check_pod(pod)  # raises its Denial
+    if namespace not in policy.namespaces_of_their_own:
+        namespace = None
     try:
-        return _inputs(pod, spec or {}, policy, namespace_default_class)
+        return _inputs(pod, spec or {}, policy, namespace, namespace_default_class)
     except TypeError:
         # A value JSON cannot hold (from YAML) or nested beyond the encoder's limit: the
         # shape check names it if it is one of gpuadm's fields.
@@ -148,6 +164,7 @@ def _inputs(
     pod: Mapping[str, Any],
     spec: Mapping[str, Any],
     policy: Policy,
+    namespace: str | None,
     namespace_default_class: str | None,
 ) -> bytes:
     metadata = pod.get("metadata") or {}
@@ -166,8 +183,11 @@ def _inputs(
             bool(annotations),
             owned,
             [annotations.get(key) for key in DEVICE_CHOICE_ANNOTATIONS],
+            [annotations.get(key) for key in REQUEST_ANNOTATIONS],
             bool(labels),
             labels.get(prefix + "class"),
+            [labels.get(key) for key in policy.class_label_keys],
+            namespace,
             namespace_default_class,
         )
     )
@@ -218,7 +238,7 @@ def _grant(container: ContainerDemand, demand: PodDemand) -> Grant:
         raise Denial(f"{container.ref} {denial.message} (class {demand.class_name})") from None
     note = rounding_warning(gpu_class, demand.class_name, container.ask, grant)
     if note is not None:
-        grant = Grant(grant.resources, grant.charge, (*grant.warnings, f"{container.ref}: {note}"))
+        grant = replace(grant, warnings=(*grant.warnings, f"{container.ref}: {note}"))
     return grant
 
 
@@ -275,8 +295,8 @@ def _amount_or_none(value: object) -> Fraction | None:
         return None
 
 
-def _check_scheduler(pod: PodView, demand: PodDemand) -> None:
-    wanted = demand.gpu_class.scheduler
+def _check_scheduler(pod: PodView, demand: PodDemand, namespace: str | None) -> None:
+    wanted = demand.gpu_class.scheduler_in(namespace)
     if wanted is None:
         return
     named = pod.scheduler_name
@@ -319,16 +339,43 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
     return notes
 
 
-def _metadata_ops(pod: PodView, policy: Policy, demand: PodDemand, charge: Fraction) -> Patch:
+def _metadata_ops(
+    pod: PodView,
+    policy: Policy,
+    demand: PodDemand,
+    charge: Fraction,
+    namespace: str | None,
+    requests: Mapping[str, str],
+) -> tuple[Patch, list[str]]:
+    """Return the ops that write gpuadm's labels and annotations, and the class's, and the
+    notes that say which of the pod's own values the class's replaced.
+
+    `requests` are the annotations with which the class's stack reads the pod's share (KAI's
+    `gpu-fraction`); one the pod carries that the plan does not write goes, since the stack
+    would read it as a second request (a share rounded up to a whole GPU).
+    """
+    gpu_class = demand.gpu_class
     annotations = {
         policy.class_annotation: demand.class_name,
         policy.demand_annotation: f"{demand.class_name}={format_amount(charge)}",
         **policy.backend_annotations(demand.class_name),
+        **requests,
     }
-    labels = {policy.class_annotation: demand.class_name}
-    return _map_ops("/metadata/annotations", pod.annotations, annotations) + _map_ops(
-        "/metadata/labels", pod.labels, labels
-    )
+    class_labels = gpu_class.pod_labels(namespace)
+    labels = {policy.class_annotation: demand.class_name, **class_labels}
+    notes = [
+        f"label {key}: {shown(pod.labels[key])} replaced by {value!r}, the value class "
+        f"{demand.class_name} gives it"
+        for key, value in class_labels.items()
+        if key in pod.labels and pod.labels[key] != value
+    ]
+    stale = [
+        {"op": "remove", "path": f"/metadata/annotations/{_escape(key)}"}
+        for key in gpu_class.request_annotations
+        if key in pod.annotations and key not in annotations
+    ]
+    ops = _map_ops("/metadata/annotations", pod.annotations, annotations) + stale
+    return ops + _map_ops("/metadata/labels", pod.labels, labels), notes
 
 
 def _map_ops(path: str, current: Mapping[str, str] | None, wanted: Mapping[str, str]) -> Patch:
@@ -341,9 +388,9 @@ def _map_ops(path: str, current: Mapping[str, str] | None, wanted: Mapping[str, 
     ]
 
 
-def _spec_ops(pod: PodView, gpu_class: ClassBase) -> Patch:
+def _spec_ops(pod: PodView, gpu_class: ClassBase, namespace: str | None) -> Patch:
     patch: Patch = []
-    scheduler = gpu_class.scheduler
+    scheduler = gpu_class.scheduler_in(namespace)
     if scheduler is not None and pod.scheduler_name != scheduler:
         patch.append(_add("/spec/schedulerName", scheduler))
     if gpu_class.node_expressions:

@@ -9,7 +9,7 @@ from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import check_metadata
 from policies.pod_view import PodView, view_pod
-from policies.policy import Policy
+from policies.policy import REQUEST_ANNOTATIONS, Policy
 from policies.queue import is_gated
 from policies.rewrite import Plan
 
@@ -35,9 +35,10 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     """Refuse an update that adds, changes or removes gpuadm's labels or annotations, or
     removes gpuadm's scheduling gate.
 
-    gpuadm's annotations are those of its domain and those with which a pod chooses its
-    devices (`nvidia.com/use-gputype`, ...): changed on a pending pod, the latter would send
-    it to another GPU model than its class's.
+    gpuadm's annotations are those of its domain, those with which a pod chooses its devices
+    (`nvidia.com/use-gputype`, ...) and those a stack reads a share from (KAI's
+    `gpu-fraction`, ...): changed on a pending pod, the second would send it to another GPU
+    model than its class's, the third give it another share than it is charged for.
     """
     check_metadata(new)
     check_metadata(old, whose="the old pod's ")
@@ -68,7 +69,9 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
 
 def _owned(pod: PodView, field: str, policy: Policy) -> dict[str, str]:
     values = pod.labels if field == "labels" else pod.annotations
-    device_choice = DEVICE_CHOICE_ANNOTATIONS if field == "annotations" else ()
+    device_choice = (
+        (*DEVICE_CHOICE_ANNOTATIONS, *REQUEST_ANNOTATIONS) if field == "annotations" else ()
+    )
     return {
         key: value for key, value in values.items() if policy.in_domain(key) or key in device_choice
     }

@@ -2,7 +2,8 @@
 
 A class is chosen by its `backend` key (a discriminated union, `GpuClass`). The backends of
 device plugins written in code are in `device_plugins`, the stacks declared in the policy
-(`extended` and its presets) in `extended`, and Dynamic Resource Allocation in `dra`. What
+(`extended` and its presets) in `extended`, Dynamic Resource Allocation in `dra`, and NVIDIA's KAI
+Scheduler, which reads shares from pod annotations, in `kai`. What
 every class has, and what the rest of the core may ask of any of them, is in
 `policies.class_base`: a new backend is one class here, and its tests.
 """
@@ -30,6 +31,7 @@ from policies.backends.extended import (
     MgpuClass,
     QgpuClass,
 )
+from policies.backends.kai import KaiClass
 from policies.class_base import ClassBase
 
 GpuClass = Annotated[
@@ -45,7 +47,8 @@ GpuClass = Annotated[
     | MgpuClass
     | ElasticGpuClass
     | ExtendedClass
-    | DraClass,
+    | DraClass
+    | KaiClass,
     Discriminator("backend"),
 ]
 
@@ -63,6 +66,7 @@ BACKENDS: tuple[type[ClassBase], ...] = (
     ElasticGpuClass,
     ExtendedClass,
     DraClass,
+    KaiClass,
 )
 
 __all__ = [
@@ -77,6 +81,7 @@ __all__ = [
     "GpuManagerClass",
     "GpushareClass",
     "HamiClass",
+    "KaiClass",
     "MgpuClass",
     "MigClass",
     "NvidiaClass",

@@ -310,12 +310,14 @@ class GpushareClass(ClassBase):
     def resource_names(self) -> frozenset[str]:
         return frozenset({self.resource})
 
-    def check_containers(self, class_name: str, containers: Sequence[str]) -> None:
+    def check_containers(
+        self, class_name: str, containers: Sequence[tuple[str, Ask | None]]
+    ) -> None:
         if len(containers) > 1:
             raise Denial(
                 f"class {class_name} (gpushare) gives a GPU to one container per pod, but "
-                f"{', '.join(containers)} all ask for one; gpushare cannot share a GPU between "
-                "containers of a pod"
+                f"{', '.join(name for name, _ in containers)} all ask for one; gpushare cannot "
+                "share a GPU between containers of a pod"
             )
 
     def _unit(self) -> int:

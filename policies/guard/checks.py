@@ -9,12 +9,12 @@ from typing import Any
 
 from policies.dra_templates import parse_template_name
 from policies.errors import Denial
-from policies.guard.allocation import brought_annotations, changed_annotations
+from policies.guard.allocation import brought_annotations, brought_labels, changed_annotations
 from policies.guard.environment import env_from_violations, env_violations
 from policies.guard.paths import device_list_mounts, host_path_violations
 from policies.guard.violations import Violation, as_list, mapping, place_of, refuse, shown_value
 from policies.pod_view import ContainerView, PodView, as_view, view_containers
-from policies.policy import Policy, ResourceRole
+from policies.policy import REQUEST_ANNOTATIONS, Policy, ResourceRole
 
 
 def check_guard(
@@ -34,17 +34,23 @@ def check_guard(
     guard = policy.guard
     view = as_view(pod)
     stack = _stack(policy, class_name) if guard.isolation_switches else None
+    gpu_class = policy.classes.get(class_name) if class_name is not None else None
+    own = gpu_class.stack_devices_env(view) if gpu_class is not None else None
     violations = [
         violation
         for container in view.all_containers
         for violation in _container_violations(
-            container, policy, stack=stack, gpu_pod=class_name is not None
+            container,
+            policy,
+            stack=stack,
+            gpu_pod=class_name is not None,
+            stacks_own=own[1] if own is not None and _same(own[0], container) else None,
         )
     ]
     if guard.dev_host_path or guard.device_dir_host_path:
         violations += host_path_violations(view, guard)
     if guard.allocation_annotations:
-        violations += brought_annotations(view.annotations)
+        violations += brought_annotations(view.annotations) + brought_labels(view.labels)
     refuse(violations, namespace)
 
 
@@ -77,7 +83,8 @@ def check_added_containers(
     ]
     if not added:
         return
-    gpu_pod = guard.privileged_gpu_containers and _holds_gpus(spec, policy)
+    annotations = mapping(mapping(new.get("metadata")).get("annotations"))
+    gpu_pod = guard.privileged_gpu_containers and _holds_gpus(spec, annotations, policy)
     violations = [
         violation
         for container in added
@@ -104,21 +111,36 @@ def check_allocation_update(
         return
     who = shown_value(user) or "an unnamed user"
     # The way out is to name the stack's users, not to let every user change them.
+    kinds = {kind: [c.split(" ", 1)[1] for c in changed if c.startswith(kind)] for kind in KINDS}
+    named = " and ".join(f"{kind} {', '.join(keys)}" for kind, keys in kinds.items() if keys)
     raise Denial(
-        f"annotation {', '.join(changed)} may be changed only by the GPU stack's scheduler and "
+        f"{named} may be changed only by the GPU stack's scheduler and "
         f"device plugin (the policy's gpuStackUsers), not by {who}: "
         "it tells the device plugin which GPUs, and how much of each, to give the pod. "
         f"If {who} is the GPU stack's own, an admin adds it to the policy's gpuStackUsers"
     )
 
 
+KINDS = ("annotation", "label")
+
+
+def _same(one: ContainerView, other: ContainerView) -> bool:
+    return one.kind == other.kind and one.position == other.position
+
+
 def _container_violations(
-    container: ContainerView, policy: Policy, *, stack: str | None, gpu_pod: bool
+    container: ContainerView,
+    policy: Policy,
+    *,
+    stack: str | None,
+    gpu_pod: bool,
+    stacks_own: Mapping[str, Any] | None = None,
 ) -> Iterator[Violation]:
-    """Yield the env, mount and privilege violations of one container."""
+    """Yield the env, mount and privilege violations of one container; `stacks_own` is the
+    `NVIDIA_VISIBLE_DEVICES` entry the class's stack writes into it, if any."""
     guard = policy.guard
     if guard.visible_devices_env or stack is not None:
-        yield from env_violations(container, guard, stack)
+        yield from env_violations(container, guard, stack, stacks_own)
     if stack is not None and container.env_from and _asks_gpus(container, policy):
         yield from env_from_violations(container, stack)
     if guard.device_list_mounts:
@@ -141,13 +163,15 @@ def _asks_gpus(container: ContainerView, policy: Policy) -> bool:
     )
 
 
-def _holds_gpus(spec: Mapping[str, Any], policy: Policy) -> bool:
+def _holds_gpus(spec: Mapping[str, Any], annotations: Mapping[str, Any], policy: Policy) -> bool:
     """Tell whether any container's resources name a GPU resource the policy knows, or the
     pod names one of gpuadm's ResourceClaimTemplates (a `dra` class).
 
     A stored pod holds its backend's resources; its class cannot be planned again here,
     since the scheduler has set `nodeName`, which `plan` refuses for some classes.
     """
+    if any(key in annotations for key in REQUEST_ANNOTATIONS):
+        return True  # a share a stack reads from the annotations (KAI's `gpu-fraction`)
     resources = any(
         policy.resource_kind(key).role is not ResourceRole.OTHER
         for field in ("initContainers", "containers")

@@ -36,10 +36,17 @@ ISOLATION_NAMES = frozenset({DISABLE_CONTROL, CORE_POLICY, SHARED_CACHE, REDIREC
 
 
 def env_violations(
-    container: ContainerView, guard: Guard, stack: str | None
+    container: ContainerView,
+    guard: Guard,
+    stack: str | None,
+    stacks_own: Mapping[str, Any] | None = None,
 ) -> Iterator[Violation]:
     """Yield a violation for each `env` entry that gives GPUs (`NVIDIA_VISIBLE_DEVICES`) or,
-    in a pod of a class whose `stack` names a limiter, switches that limiter off."""
+    in a pod of a class whose `stack` names a limiter, switches that limiter off.
+
+    `stacks_own` is the one `NVIDIA_VISIBLE_DEVICES` entry through which the class's stack
+    hands this container its GPU itself (KAI's, from the ConfigMap its binder fills): that
+    entry, exactly, is let be."""
     # Decoded JSON holds dicts; `dict` is checked much faster than `Mapping`, and a pod
     # may carry tens of thousands of env entries.
     env = container.env
@@ -51,7 +58,11 @@ def env_violations(
             continue
         name = entry.get("name")
         if name == VISIBLE_DEVICES:
-            if guard.visible_devices_env and (field := _gives_devices(entry)):
+            if (
+                guard.visible_devices_env
+                and entry != stacks_own
+                and (field := _gives_devices(entry))
+            ):
                 yield Violation(
                     place_of(container),
                     field,

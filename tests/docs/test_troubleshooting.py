@@ -36,6 +36,7 @@ OTHER_REFUSALS = [
     "exposes the node's GPU devices outside the pod's resources; ask for GPUs in",
     "names GPUs to the NVIDIA Container Toolkit's volume-mounts device list",
     "is written by the GPU stack's scheduler to tell its device plugin which GPUs to",
+    "is written by KAI's binder when it binds a GPU share, to record which GPU the share is",
     "overrides a limit that",
     "as it was made; retry",
     # The end of every guard denial: how an admin lets a GPU stack's own pod through.

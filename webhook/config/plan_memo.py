@@ -73,12 +73,18 @@ class PlanMemo:
         self,
         pod: Mapping[str, Any],
         *,
+        namespace: str | None = None,
         namespace_default_class: str | None,
         view: PodView | None = None,
     ) -> Plan:
         """Return `policies.plan` of the pod (whose view `view` is, if given), or raise its
         `Denial`."""
-        key = memo_key(pod, self._policy, namespace_default_class=namespace_default_class)
+        key = memo_key(
+            pod,
+            self._policy,
+            namespace=namespace,
+            namespace_default_class=namespace_default_class,
+        )
         with self._lock:
             entry = self._plans.get(key)
             if entry is not None:
@@ -90,6 +96,7 @@ class PlanMemo:
                 found = plan(
                     pod,
                     self._policy,
+                    namespace=namespace,
                     namespace_default_class=namespace_default_class,
                     view=view,
                 )

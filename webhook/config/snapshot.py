@@ -75,7 +75,9 @@ class ConfigSnapshot:
         `view` is the pod's view, when the caller has made one already.
         """
         default_class = self.quotas.default_class_for(namespace)
-        return self.plans.plan(pod, namespace_default_class=default_class, view=view)
+        return self.plans.plan(
+            pod, namespace=namespace, namespace_default_class=default_class, view=view
+        )
 
 
 def revision_of(text: str) -> str:

@@ -183,7 +183,7 @@ CASES = [
         1,
         [
             "{f}:4: classes.t4.backend: there is no backend 'hammi'; did you mean `hami`? "
-            "(the backends: cgpu, dra, elastic-gpu, extended, gpu-manager, gpushare, hami, "
+            "(the backends: cgpu, dra, elastic-gpu, extended, gpu-manager, gpushare, hami, kai, "
             "mgpu, mig, nvidia, qgpu, time-slicing, volcano)"
         ],
         id="unknown-backend-at-the-backend-key",

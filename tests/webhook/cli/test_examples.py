@@ -67,6 +67,20 @@ def test_the_dra_example_gets_a_claim_from_a_template(capsys: pytest.CaptureFixt
     assert template["metadata"]["name"] == claim["resourceClaimTemplateName"]
 
 
+def test_the_kai_example_gets_kais_annotations_scheduler_and_queue(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = BACKEND_EXAMPLES / "kai.yaml"
+    assert main(["review", str(example), "--policy", str(BACKEND_POLICY), "-o", "json"]) == 0
+    stored = json.loads(capsys.readouterr().out)["pod"]
+    assert stored["spec"]["containers"][0]["resources"] == {}
+    annotations = stored["metadata"]["annotations"]
+    assert annotations["gpu-fraction"] == "0.5"
+    assert annotations["gpu-fraction-container-name"] == "main"
+    assert stored["metadata"]["labels"]["kai.scheduler/queue"] == "research"
+    assert stored["spec"]["schedulerName"] == "kai-scheduler"
+
+
 @pytest.mark.parametrize(
     "example", sorted(p.name for p in (ROOT / "examples" / "pods").glob("*.yaml"))
 )
