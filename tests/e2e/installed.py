@@ -218,6 +218,14 @@ class Installation:
         lines.append(self.node.log_tail("kubelet", 20))
         return "\n".join(lines)
 
+    def describe_all(self) -> str:
+        """Every gpuadm container's whole log, the dead ones' too."""
+        directory = self.node.workdir / "kubelet" / "pod-logs"
+        return "\n".join(
+            f"--- {path} ---\n{path.read_text(errors='replace')}"
+            for path in sorted(directory.glob(f"{NAMESPACE}_*/gpuadm/*.log"))
+        )
+
     def pod_log(self, name: str, previous: bool = False) -> str:
         """The last lines gpuadm's container in pod `name` wrote, from the kubelet's logs."""
         directory = self.node.workdir / "kubelet" / "pod-logs"
