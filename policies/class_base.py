@@ -190,9 +190,13 @@ class ClassBase(Model):
         the request of a grant's `annotations` is for."""
         return {}
 
-    def stack_devices_env(self, pod: PodView) -> tuple[ContainerView, Mapping[str, Any]] | None:
+    def stack_devices_env(
+        self, pod: PodView, annotations: Mapping[str, Any]
+    ) -> tuple[ContainerView, Mapping[str, Any]] | None:
         """Return the container and the `NVIDIA_VISIBLE_DEVICES` env entry through which the
         class's stack itself hands a pod its GPU, or None: the guard lets that one entry be.
+
+        `annotations` are the pod's as gpuadm leaves them (with the share it writes).
         """
         return None
 

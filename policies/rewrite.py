@@ -51,6 +51,9 @@ class Plan:
     demand: str | None = None
     # The ResourceClaimTemplates the pod names, which must exist in its namespace (`dra`).
     claim_templates: tuple[ClaimTemplate, ...] = ()
+    # The annotations the class's stack reads the pod's share from (KAI's `gpu-fraction`), as
+    # gpuadm writes them; what the stack's own webhook adds for that share follows from them.
+    requests: tuple[tuple[str, str], ...] = ()
     # The patch as JSON, encoded once: the pods of a ReplicaSet share a remembered plan, and
     # each answer carries this same text.
     patch_json: bytes = field(init=False, repr=False, compare=False)
@@ -121,6 +124,7 @@ def plan(
         demand_text,
         # One per name: containers that ask for the same count share a template.
         tuple({t.name: t for t in templates.values()}.values()),
+        tuple(requests.items()),
     )
 
 

@@ -236,8 +236,9 @@ class KaiClass(ClassBase):
     def request_container_annotations(self, container: str) -> Mapping[str, str]:
         return {FRACTION_CONTAINER: container}
 
-    def stack_devices_env(self, pod: PodView) -> tuple[ContainerView, Mapping[str, Any]] | None:
-        annotations = pod.annotations
+    def stack_devices_env(
+        self, pod: PodView, annotations: Mapping[str, Any]
+    ) -> tuple[ContainerView, Mapping[str, Any]] | None:
         prefix = annotations.get(SHARED_GPU_CONFIGMAP)
         if not isinstance(prefix, str) or not (
             GPU_FRACTION in annotations or GPU_MEMORY in annotations

@@ -4,7 +4,7 @@ adds (`check_added_containers`), and an update of the allocation annotations
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from policies.dra_templates import parse_template_name
@@ -23,19 +23,25 @@ def check_guard(
     class_name: str | None,
     *,
     namespace: str | None = None,
+    requests: Iterable[tuple[str, str]] = (),
 ) -> None:
     """Refuse a pod that reaches GPUs outside its resources; raise `Denial` naming each way.
 
     `class_name` is the pod's GPU class as `plan` found it, None for a pod without GPU
     demand: a privileged container counts only in a GPU pod, and the isolation switches only
     in a pod of a class that names a limiter (`hami`, `volcano`). `namespace`, the pod's, is
-    the one the denial tells an admin to exempt if the pod is a GPU stack's own.
+    the one the denial tells an admin to exempt if the pod is a GPU stack's own. `requests`
+    are the annotations its plan writes for a stack that reads a share from them
+    (`Plan.requests`): the wiring that stack's own webhook adds for the share follows from
+    them.
     """
     guard = policy.guard
     view = as_view(pod)
     stack = _stack(policy, class_name) if guard.isolation_switches else None
     gpu_class = policy.classes.get(class_name) if class_name is not None else None
-    own = gpu_class.stack_devices_env(view) if gpu_class is not None else None
+    own = None
+    if gpu_class is not None:
+        own = gpu_class.stack_devices_env(view, {**view.annotations, **dict(requests)})
     violations = [
         violation
         for container in view.all_containers

@@ -611,13 +611,27 @@ def kai_mutated(kai: Policy, share: str = "0.5", **extra: Any) -> dict[str, Any]
 
 
 def guarded(body: dict[str, Any], policy: Policy) -> None:
-    check_guard(body, policy, plan(body, policy).class_name)
+    """Check a pod as admission does: planned, then guarded with what the plan writes."""
+    planned = plan(body, policy)
+    check_guard(body, policy, planned.class_name, requests=planned.requests)
 
 
 def test_kais_own_devices_variable_in_the_share_s_container_passes(kai: Policy) -> None:
     body = kai_mutated(kai)
     assert plan(body, kai).patch == []
     guarded(body, kai)
+
+
+def test_kais_wiring_passes_whichever_webhook_ran_first(kai: Policy) -> None:
+    """Were KAI's webhook to run before gpuadm's, the pod would bring KAI's wiring and ask
+    for the share by the class key: what gpuadm writes decides, as it does once stored."""
+    body = kai_mutated(kai)
+    for key in ("gpu-fraction", "gpu-fraction-container-name"):
+        body["metadata"]["annotations"].pop(key)
+    body["spec"]["containers"][0]["resources"] = {"limits": {"gpuadm.io/h100": "0.5"}}
+    guarded(body, kai)
+    with pytest.raises(Denial, match="env NVIDIA_VISIBLE_DEVICES from valueFrom"):
+        check_guard(body, kai, "h100")  # without the plan's share, the entry is anyone's
 
 
 def test_kais_devices_variable_of_an_init_container_names_its_configmap_by_i(

@@ -290,5 +290,5 @@ def _plan_and_guard_now(
     """
     view = view_pod(pod)
     plan = config.plan(pod, namespace, view)
-    check_guard(view, config.policy, plan.class_name, namespace=namespace)
+    check_guard(view, config.policy, plan.class_name, namespace=namespace, requests=plan.requests)
     return plan, view
