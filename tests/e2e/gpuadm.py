@@ -32,7 +32,7 @@ DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
 LEASE_SECONDS = 3
 # Every scheduler a backend sends pods to; one kube-scheduler serves them all as profiles.
-SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano")
+SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano", "kai-scheduler")
 
 
 def make_tls(directory: Path) -> TLSPaths:

@@ -172,6 +172,15 @@ PRESET_POOLS = (
     ),
 )
 
+# One pool per class of KAI_POLICY_YAML (tests/e2e/test_kai.py). KAI schedules the GPUs that
+# NVIDIA's device plugin advertises, on nodes labelled by GPU Feature Discovery (it sizes a
+# share from `nvidia.com/gpu.memory`). Each also advertises every other stack's resources, so
+# only the class's models keep a pod in its own pool.
+KAI_POOLS = (
+    Pool("a100-kai", "a100-kai", A100_SXM, "nvidia", every_stack=True),
+    Pool("h100-kai", "h100-kai", H100, "nvidia", every_stack=True),
+)
+
 # One pool per class of examples/policy.yaml, as `make dev-cluster` shows them, each running
 # its own stack only.
 EXAMPLE_POOLS = (
