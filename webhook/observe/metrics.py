@@ -215,6 +215,12 @@ class Metrics:
             "Usage-record writes that lost a race and were retried.",
             registry=r,
         )
+        self.record_bytes_written = Counter(
+            "gpuadm_quota_record_bytes_written",
+            "Bytes of usage-record bodies sent to the apiserver, in creates and replaces "
+            "(those that lost a race included): what the quota costs etcd.",
+            registry=r,
+        )
         self.tracked_pods = Gauge(
             "gpuadm_tracked_gpu_pods",
             "GPU pods in the usage index.",

@@ -8,7 +8,7 @@ which is exactly the compare-and-swap the reservation book needs.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -16,6 +16,9 @@ from webhook.kube.errors import KubeError
 from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL
 from webhook.kube.rest import AsyncApi
 from webhook.quota.reservations import EMPTY, Conflict, Record, RecordFull, Reservation
+
+if TYPE_CHECKING:
+    from webhook.observe.metrics import Metrics
 
 DATA_KEY = "reservations.json"
 # The apiserver refuses a ConfigMap whose values take more than 1 MiB in all.
@@ -78,6 +81,17 @@ def _entry(uid: str, reservation: Reservation) -> bytes:
     return orjson.dumps({uid: reservation.to_json()})[1:-1]
 
 
+def body_size(body: dict[str, Any], text: bytes) -> int:
+    """Return the length of `orjson.dumps(body)` once the record's `text` is its data value
+    (the body's data holds an empty string in its place), without encoding the record again.
+
+    Inside a JSON string, orjson escapes a quote or a backslash with one more byte, and
+    control characters, which the record's own JSON never holds raw; other bytes, UTF-8
+    included, are written as they are.
+    """
+    return len(orjson.dumps(body)) + len(text) + text.count(b'"') + text.count(b"\\")
+
+
 def record_of(config_map: dict[str, Any]) -> Record:
     """Read the record a ConfigMap holds."""
     raw = orjson.loads((config_map.get("data") or {}).get(DATA_KEY) or "{}")
@@ -88,11 +102,13 @@ def record_of(config_map: dict[str, Any]) -> Record:
 class ConfigMapStore:
     """A `ReservationStore` on ConfigMaps in gpuadm's namespace."""
 
-    def __init__(self, api: AsyncApi, namespace: str) -> None:
-        """Keep records in `namespace`, read, written, listed and deleted through `api`."""
+    def __init__(self, api: AsyncApi, namespace: str, *, metrics: Metrics | None = None) -> None:
+        """Keep records in `namespace`, read, written, listed and deleted through `api`;
+        count the bytes of each write's body in `metrics`."""
         self.api = api
         self.namespace = namespace
         self.text = RecordText()
+        self._metrics = metrics
 
     async def read(self, namespace: str) -> Record:
         """Return the tenant namespace's record; a missing ConfigMap is an empty record."""
@@ -114,12 +130,13 @@ class ConfigMapStore:
         }
         if version is not None:
             metadata["resourceVersion"] = version
-        body = {
-            "apiVersion": "v1",
-            "kind": "ConfigMap",
-            "metadata": metadata,
-            "data": {DATA_KEY: text.decode()},
-        }
+        data = {DATA_KEY: ""}
+        body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+        if self._metrics is not None:
+            # What the apiserver receives (its request_body_size), counted before it is sent:
+            # a write that loses its race costs the apiserver its body all the same.
+            self._metrics.record_bytes_written.inc(body_size(body, text))
+        data[DATA_KEY] = text.decode()
         call = self.api.create_configmap if version is None else self.api.replace_configmap
         try:
             stored = await call(self.namespace, body)

@@ -119,7 +119,7 @@ def cluster_app(
     )
     ledger = QuotaLedger(
         usage,
-        ConfigMapStore(api, settings.namespace),
+        ConfigMapStore(api, settings.namespace, metrics=metrics),
         pods_visible=True,
         usage_ready=pods.ready,
         metrics=metrics,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from fractions import Fraction
+from typing import Any
 
 import orjson
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from webhook.kube.endpoint import Endpoint
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
+from webhook.observe.metrics import Metrics
 from webhook.quota.configmap_store import (
     DATA_KEY,
     RECORD_MAX_BYTES,
@@ -18,7 +20,7 @@ from webhook.quota.configmap_store import (
     RecordText,
     record_of,
 )
-from webhook.quota.reservations import RecordFull, Reservation
+from webhook.quota.reservations import Conflict, Record, RecordFull, Reservation
 
 
 def reservation(at: float, charge: str = "1", pod: str = "p") -> Reservation:
@@ -104,3 +106,65 @@ async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_se
 
 def configmap(text: bytes) -> dict[str, object]:
     return {"data": {DATA_KEY: text.decode()}, "metadata": {"resourceVersion": "1"}}
+
+
+class SentBodies(AsyncApi):
+    """An apiserver that keeps the bytes of every ConfigMap body sent to it, as the real
+    client encodes them, and refuses the replaces it is told to (409: the record moved on)."""
+
+    def __init__(self) -> None:
+        super().__init__(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
+        self.sent: list[bytes] = []
+        self.conflicts = 0
+
+    async def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append(orjson.dumps(body))
+        return {"metadata": {"resourceVersion": "1"}}
+
+    async def replace_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.sent.append(orjson.dumps(body))
+        if self.conflicts:
+            self.conflicts -= 1
+            raise KubeError(409, "the object has been modified")
+        return {"metadata": {"resourceVersion": str(len(self.sent))}}
+
+
+def bytes_written(metrics: Metrics) -> float:
+    value = metrics.registry.get_sample_value("gpuadm_quota_record_bytes_written_total")
+    assert value is not None
+    return value
+
+
+async def test_the_bytes_written_are_those_of_every_body_sent_lost_races_included() -> None:
+    api, metrics = SentBodies(), Metrics()
+    store = ConfigMapStore(api=api, namespace="gpuadm-system", metrics=metrics)
+    # Names that the record's JSON escapes once more inside the body's string: quotes and
+    # backslashes (a key is any text), control characters (escaped in the record already),
+    # and UTF-8 written as it is.
+    names = ['p"q', "back\\slash", "tab\there", "nl\n", "\x00\x1f", "ünïcode-名前", "\u2028", ""]
+    record: dict[str, Reservation] = {}
+    version = await store.write("team-a", record, None)
+    for n, name in enumerate(names):
+        record[f'uid-"{n}"\\'] = reservation(
+            1e9 + n / 3, charge=("1", "1/7", "2.5")[n % 3], pod=name
+        )
+        api.conflicts = n % 2  # every other write loses its race once, then is sent again
+        try:
+            version = await store.write("team-a", dict(record), version)
+        except Conflict:
+            version = await store.write("team-a", dict(record), version)
+        assert bytes_written(metrics) == sum(len(body) for body in api.sent)
+    assert len(api.sent) == 1 + len(names) + len(names) // 2
+    assert record_of(orjson.loads(api.sent[-1]) | {"metadata": {"resourceVersion": "9"}}) == (
+        Record(record, "9")
+    )
+
+
+async def test_a_record_refused_as_full_is_not_counted_as_written() -> None:
+    api, metrics = SentBodies(), Metrics()
+    store = ConfigMapStore(api=api, namespace="gpuadm-system", metrics=metrics)
+    record = {str(n): reservation(1e9 + n, pod="p" * 253) for n in range(3500)}
+    with pytest.raises(RecordFull):
+        await store.write("team-a", record, "41")
+    assert api.sent == []
+    assert bytes_written(metrics) == 0
