@@ -125,8 +125,8 @@ class KaiClass(ClassBase):
     def _memory_kai_can_count(self) -> KaiClass:
         if self.memory is not None and self.memory < MEMORY_STEP_MIB * MiB:
             raise ValueError(
-                f"memory {format_bytes(self.memory)} is less than KAI counts a GPU's memory in "
-                f"(whole hundreds of MiB); give the GPU's memory, e.g. 80Gi"
+                f"memory {format_bytes(self.memory)} is less than 100Mi, the step KAI counts a "
+                "GPU's memory in; give the memory of one GPU, e.g. 80Gi"
             )
         return self
 

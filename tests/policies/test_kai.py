@@ -9,6 +9,8 @@ from typing import Any
 
 import jsonpatch
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies import (
     ConfigError,
@@ -506,7 +508,8 @@ BASE = "classes:\n  a:\n    backend: kai\n"
         ),
         pytest.param(
             BASE + "    memory: 64Mi\n",
-            "memory 64Mi is less than KAI counts a GPU's memory in (whole hundreds of MiB)",
+            "policy.yaml:2: classes.a: memory 64Mi is less than 100Mi, the step KAI counts a "
+            "GPU's memory in",
             id="memory-below-what-kai-counts",
         ),
         pytest.param(
@@ -785,3 +788,40 @@ def test_a_privileged_debug_container_in_a_share_pod_is_a_gpu_pods(kai: Policy) 
     new["spec"]["ephemeralContainers"] = [debug]
     with pytest.raises(Denial, match="in a GPU pod sees every GPU of the node"):
         check_added_containers(old, new, kai)
+
+
+# --- properties --------------------------------------------------------------------------------
+
+
+@given(thousandths=st.integers(min_value=1, max_value=999))
+@settings(max_examples=200, deadline=None)
+def test_a_share_is_written_in_hundredths_never_below_the_ask(thousandths: int) -> None:
+    policy = load_policy(KAI_POLICY_YAML)
+    asked = Fraction(thousandths, 1000)
+    mutated, result = apply(policy, pod({"gpuadm.io/h100": f"{thousandths}m"}))
+    written = annotations_of(mutated).get("gpu-fraction")
+    if written is None:  # rounded up to a whole GPU of its own
+        assert limits(mutated) == {GPU: "1"}
+        assert result.charge == 1
+        assert asked > Fraction(99, 100)
+        return
+    portion = Fraction(written)
+    assert (portion * 100).denominator == 1
+    assert asked <= portion < asked + Fraction(1, 100)
+    assert 0 < float(written) < 1  # as KAI's validator reads it
+    assert result.charge == portion
+
+
+@given(mib=st.integers(min_value=1, max_value=81920))
+@settings(max_examples=200, deadline=None)
+def test_a_memory_share_is_charged_at_least_its_memory_of_kais_gpu(mib: int) -> None:
+    policy = load_policy(KAI_POLICY_YAML)
+    mutated, result = apply(policy, pod({"gpuadm.io/h100-memory": f"{mib}Mi"}))
+    if "gpu-memory" not in annotations_of(mutated):
+        assert limits(mutated) == {GPU: "1"}
+        assert result.charge == 1
+        assert Fraction(mib, 81900) > Fraction(99, 100)
+        return
+    assert annotations_of(mutated)["gpu-memory"] == str(mib)
+    assert Fraction(mib, 81900) <= result.charge < Fraction(mib, 81900) + Fraction(1, 100)
+    assert (result.charge * 100).denominator == 1
