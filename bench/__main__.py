@@ -42,10 +42,12 @@ class Lengths:
     """Sequential pod creates of each kind."""
     judgements: int
     """Quota judgements timed at each size."""
+    churn_seconds: float
+    """Of pods churning under quota; past 100 s the record is at its steady size."""
 
 
-QUICK = Lengths(seconds=3, rounds=1, creates=30, judgements=1000)
-FULL = Lengths(seconds=5, rounds=3, creates=200, judgements=3000)
+QUICK = Lengths(seconds=3, rounds=1, creates=30, judgements=1000, churn_seconds=60)
+FULL = Lengths(seconds=5, rounds=3, creates=200, judgements=3000, churn_seconds=140)
 
 
 def main() -> int:
@@ -78,7 +80,9 @@ def main() -> int:
         # Imported here: the Kubernetes client and the end-to-end helpers load only if used.
         from bench.apiserver import measure
 
-        results["apiserver"] = measure(count=lengths.creates, rounds=lengths.rounds)
+        results["apiserver"] = measure(
+            count=lengths.creates, rounds=lengths.rounds, churn_seconds=lengths.churn_seconds
+        )
     with tempfile.TemporaryDirectory() as workdir:
         results["endpoints"] = endpoint_figures(
             vegeta, Path(workdir), seconds=lengths.seconds, rounds=lengths.rounds

@@ -16,7 +16,10 @@ A `dra` create also pays for its ResourceClaimTemplate: made by the first pod of
 namespace, and asked for again (a 409) once a minute by each replica.
 
 Sequential creates go to one namespace of each kind, whose quota is never reached; bursts
-go to fresh namespaces, one per burst, whose quota 150 of the burst's 200 pods fit.
+go to fresh namespaces, one per burst, whose quota 150 of the burst's 200 pods fit. Last,
+pods churn in a namespace of their own under gpuadm's quota, to measure the bytes each
+admission makes the apiserver and etcd take (bench.churn); last, so that what it leaves in
+etcd and in the apiserver's caches weighs on no other figure.
 Because gpuadm's webhooks never see `example.com/gpu`, every kind is measured with gpuadm
 registered, taking turns, so that the machine's changing load falls on all of them alike.
 """
@@ -31,6 +34,7 @@ from typing import Any
 
 import kubernetes.client
 
+from bench.churn import CHURN_NAMESPACE, measure_churn
 from bench.creates import Burst, PodCreator, interleaved_latencies, one_gpu_pods
 from bench.server import serving_bare
 from bench.webhooks import (
@@ -80,8 +84,9 @@ BURSTS = {
 WARMUP_CREATES = 10
 
 
-def measure(*, count: int, rounds: int) -> dict[str, Any]:
-    """Return median sequential create latencies by kind, and `rounds` bursts of each kind."""
+def measure(*, count: int, rounds: int, churn_seconds: float) -> dict[str, Any]:
+    """Return median sequential create latencies by kind, `rounds` bursts of each kind, and
+    the bytes written per admission in `churn_seconds` of churn."""
     bursts = {kind: [f"burst-{kind}-{n}" for n in range(rounds)] for kind in BURSTS}
     with (
         ControlPlane() as plane,
@@ -99,11 +104,18 @@ def measure(*, count: int, rounds: int) -> dict[str, Any]:
             probe_namespace="open",
             probe_resource=GPUADM_RESOURCE,
         ) as deployment:
-            return asyncio.run(_measure(plane, deployment, bursts, count=count))
+            return asyncio.run(
+                _measure(plane, deployment, bursts, count=count, churn_seconds=churn_seconds)
+            )
 
 
 async def _measure(
-    plane: ControlPlane, deployment: Deployment, bursts: dict[str, list[str]], *, count: int
+    plane: ControlPlane,
+    deployment: Deployment,
+    bursts: dict[str, list[str]],
+    *,
+    count: int,
+    churn_seconds: float,
 ) -> dict[str, Any]:
     async with PodCreator(plane, connections=BURST) as creator:
         await creator.open_connections()
@@ -117,6 +129,7 @@ async def _measure(
                 namespace = bursts[kind][round_]
                 figures = await measured_burst(creator, deployment, namespace, resource, replicas)
                 burst_figures[kind].append(figures)
+        churn = await measure_churn(plane, deployment, creator, seconds=churn_seconds)
     return {
         "sequential_ms": {
             kind: statistics.median(values) * 1000 for kind, values in latencies.items()
@@ -131,6 +144,7 @@ async def _measure(
         "burst_size": BURST,
         "burst_fit": FIT,
         "bursts": burst_figures,
+        "churn": churn,
     }
 
 
@@ -184,8 +198,8 @@ def _conflicts(deployment: Deployment) -> float:
 
 def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list[str]]) -> str:
     """Make every namespace and native quota; return gpuadm's quota config for its own."""
-    gpuadm_limits = {"gated": ROOMY}
-    for name in (NAMESPACE, "plain", "open", "gated", "dra-open", "dra-gated"):
+    gpuadm_limits = {"gated": ROOMY, CHURN_NAMESPACE: ROOMY}
+    for name in (NAMESPACE, "plain", "open", "gated", "dra-open", "dra-gated", CHURN_NAMESPACE):
         core.create_namespace({"metadata": {"name": name}})
     native_quota(core, "native", ROOMY)
     native_quota(core, "noop", ROOMY, labels={NOOP_LABEL: "true"})

@@ -89,6 +89,16 @@ class PodCreator:
         async with self.session.post(path, json=body, params=params) as answer:
             return answer.status, await answer.read()
 
+    async def delete(self, namespace: str, name: str) -> None:
+        """Delete one pod at once (no grace period); fail unless it was there."""
+        path = f"/api/v1/namespaces/{namespace}/pods/{name}"
+        async with self.session.delete(path, params={"gracePeriodSeconds": "0"}) as answer:
+            if answer.status != 200:
+                text = (await answer.read()).decode()[:500]
+                raise RuntimeError(
+                    f"deleting pod {namespace}/{name} answered {answer.status}: {text}"
+                )
+
     async def count_pods(self, namespace: str) -> int:
         """Return how many pods the namespace holds."""
         async with self.session.get(f"/api/v1/namespaces/{namespace}/pods") as answer:

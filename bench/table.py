@@ -71,6 +71,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
         found += startup_rows(results["startup"])
     if "apiserver" in results:
         found += create_rows(results["apiserver"]) + burst_rows(results["apiserver"])
+        if "churn" in results["apiserver"]:
+            found += churn_rows(results["apiserver"]["churn"])
     return found
 
 
@@ -234,6 +236,61 @@ def burst_rows(api: dict[str, Any]) -> list[Row]:
     for kind, runs in bursts.items():
         found.append(exactness(f"burst admitted, {kind} (pods of {fit} that fit)", runs, fit))
     return found
+
+
+# What one admission under quota may make the apiserver and etcd take, whatever the
+# namespace's churn or the size of its record (issue 26).
+WRITTEN_KIB = 8
+
+
+def churn_rows(churn: dict[str, Any]) -> list[Row]:
+    """Bytes of usage record written per admission in a churning namespace, at the record
+    sizes the churn reached and at its steady size, against the pod's own create body; and
+    gpuadm's count of those bytes against the apiserver's."""
+    pod = churn["pod_bytes"] / 1024
+    found = []
+    for point, figures in churn["at_record"].items():
+        found.append(
+            _written(
+                f"bytes per admission, record of {int(point):,} vs the pod (KiB)", figures, pod
+            )
+        )
+    steady = churn["steady"]
+    if steady is not None:
+        rate = churn["rate"]
+        found.append(
+            _written(f"bytes per admission, churn of {rate}/s vs the pod (KiB)", steady, pod)
+        )
+        etcd, where = steady, f"churn of {rate}/s"
+    else:
+        last = max(churn["at_record"], key=int, default=None)
+        etcd, where = (churn["at_record"][last], f"record of {int(last):,}") if last else (None, "")
+    if etcd is not None:
+        found.append(
+            Row(
+                f"etcd bytes per admission, {where} vs the pod (KiB)",
+                etcd["etcd_put"] / 1024,
+                pod,
+                note="all etcd stored: pods, records, Leases, GPUQuotas",
+            )
+        )
+    written, received = churn["written_bytes"], churn["apiserver_configmap_bytes"]
+    found.append(
+        Row(
+            "record bytes, gpuadm's count vs the apiserver's (MB)",
+            written / 1e6,
+            received / 1e6,
+            "equal",
+            written == received,
+        )
+    )
+    return found
+
+
+def _written(figure: str, figures: dict[str, float], pod_kib: float) -> Row:
+    kib = figures["written"] / 1024
+    note = f"record of {figures['reservations']:,.0f}"
+    return Row(figure, kib, pod_kib, f"< {WRITTEN_KIB} KiB", kib < WRITTEN_KIB, note)
 
 
 def exactness(figure: str, runs: list[dict[str, Any]], fit: int) -> Row:

@@ -151,6 +151,8 @@ class ControlPlane:
         }
         self._tokens[ADMIN_USER] = self.token
         self.url = ""
+        # etcd's client address, plain HTTP on loopback: its /metrics says what it stores.
+        self.etcd_url = ""
 
     # -- public API -------------------------------------------------------
 
@@ -367,7 +369,7 @@ class ControlPlane:
     def _start_processes(self, bin_dir: Path) -> None:
         etcd_client_port, etcd_peer_port, apiserver_port = _free_ports(3)
         self.url = f"https://{LOOPBACK}:{apiserver_port}"
-        etcd_url = f"http://{LOOPBACK}:{etcd_client_port}"
+        etcd_url = self.etcd_url = f"http://{LOOPBACK}:{etcd_client_port}"
         self._spawn("etcd", self._etcd_command(bin_dir, etcd_client_port, etcd_peer_port))
         self._wait_until("etcd", lambda: _probe(f"{etcd_url}/health", None)[0] == 200)
         self._write_service_account_key()
