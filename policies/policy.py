@@ -320,8 +320,11 @@ def policy_warnings(policy: Policy) -> list[str]:
 ROUTED_PREFIXES = ("nvidia.com/mig-",)
 SHIPPED_DOMAIN = "gpuadm.io"
 # The annotations a stack reads a share from (KAI's) whose updates the shipped validating
-# webhook sends gpuadm (its `update-concerns-gpuadm` matchCondition): none yet.
-ROUTED_REQUEST_ANNOTATIONS: frozenset[str] = frozenset()
+# webhook sends gpuadm (its `update-concerns-gpuadm` matchCondition), so that an update that
+# raises a share is judged, not left to the pod watch to count after the fact.
+ROUTED_REQUEST_ANNOTATIONS: frozenset[str] = frozenset(
+    {"gpu-fraction", "gpu-memory", "gpu-fraction-num-devices", "gpu-fraction-container-name"}
+)
 
 
 def routing_warnings(policy: Policy) -> list[str]:

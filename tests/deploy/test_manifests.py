@@ -29,8 +29,9 @@ from cel_expr_python import cel
 
 from policies import Denial, check_guard, load_policy
 from policies.guard import ALLOCATION_ANNOTATIONS
+from policies.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
-from policies.policy import _default_resource_names
+from policies.policy import ROUTED_REQUEST_ANNOTATIONS, _default_resource_names
 from tests.builders import POLICY_YAML
 from tests.gpu_stacks import STACK_PODS, StackPod
 
@@ -1481,7 +1482,10 @@ def test_client_auth_is_on_exactly_where_asked_for(render: Render, name: str) ->
     assert ca_file.name == "ca.crt"
 
 
-@pytest.mark.parametrize("key", ALLOCATION_ANNOTATIONS)
+@pytest.mark.parametrize(
+    "key",
+    [*ALLOCATION_ANNOTATIONS, *KAI_ALLOCATION_ANNOTATIONS, *sorted(ROUTED_REQUEST_ANNOTATIONS)],
+)
 def test_updates_of_allocation_annotations_reach_the_validating_webhook(
     key: str, webhooks: tuple[Obj, Obj]
 ) -> None:
@@ -1492,3 +1496,17 @@ def test_updates_of_allocation_annotations_reach_the_validating_webhook(
     assert sent_to_webhook(validating, "UPDATE", plain, annotated) is True  # removed
     changed = pod(container(), annotations={key: "GPU-1,NVIDIA,81920,100:;"})
     assert sent_to_webhook(validating, "UPDATE", changed, annotated) is True
+
+
+@pytest.mark.parametrize("key", [KAI_GPU_GROUP, f"{KAI_GPU_GROUP}/0"])
+def test_updates_of_kais_gpu_group_labels_reach_the_validating_webhook(
+    key: str, webhooks: tuple[Obj, Obj]
+) -> None:
+    """KAI's binder labels a share's pod with the GPU group it bound; only it may."""
+    _, validating = webhooks
+    labelled = pod(container(), labels={key: "abc"})
+    plain = pod(container(), labels={"team": "vision"})
+    assert sent_to_webhook(validating, "UPDATE", labelled, plain) is True
+    assert sent_to_webhook(validating, "UPDATE", plain, labelled) is True
+    other = pod(container(), labels={"runai-gpu-groups": "abc"})
+    assert sent_to_webhook(validating, "UPDATE", other, plain) is False

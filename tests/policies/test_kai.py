@@ -573,15 +573,10 @@ def test_a_class_for_whole_gpus_needs_no_memory() -> None:
     load_policy(BASE + "    shareable: false\n")
 
 
-def test_check_config_says_which_updates_the_shipped_webhooks_do_not_send(kai: Policy) -> None:
-    (warning,) = [w for w in routing_warnings(kai) if w.startswith("class a100:")]
-    assert warning == (
-        "class a100: the shipped webhooks do not send gpuadm the updates that change the "
-        "annotations kai reads a share from (gpu-fraction, gpu-memory, gpu-fraction-num-devices, "
-        "gpu-fraction-container-name), so a pending pod's share could be changed after "
-        "admission, past quota; add them to the validating webhook's update-concerns-gpuadm "
-        "matchCondition"
-    )
+def test_the_shipped_webhooks_send_every_update_of_a_share(kai: Policy) -> None:
+    """The validating webhook's update-concerns-gpuadm lists KAI's share annotations
+    (tests/deploy/test_manifests.py renders it), so check-config has nothing to warn of."""
+    assert [w for w in routing_warnings(kai) if w.startswith("class a100:")] == []
 
 
 # --- the guard -------------------------------------------------------------------------------
@@ -825,3 +820,13 @@ def test_a_memory_share_is_charged_at_least_its_memory_of_kais_gpu(mib: int) -> 
     assert annotations_of(mutated)["gpu-memory"] == str(mib)
     assert Fraction(mib, 81900) <= result.charge < Fraction(mib, 81900) + Fraction(1, 100)
     assert (result.charge * 100).denominator == 1
+
+
+def test_check_config_would_say_which_share_updates_went_unrouted(
+    kai: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should a webhook configuration stop listing them, check-config names what it misses."""
+    monkeypatch.setattr("policies.policy.ROUTED_REQUEST_ANNOTATIONS", frozenset({"gpu-memory"}))
+    (warning,) = [w for w in routing_warnings(kai) if w.startswith("class a100:")]
+    assert "(gpu-fraction, gpu-fraction-num-devices, gpu-fraction-container-name)" in warning
+    assert "update-concerns-gpuadm" in warning

@@ -159,7 +159,9 @@ policies/guard.py): only the GPU stack writes them.
 {{- define "gpuadm.touchesGpuadmKeys" -}}
 {{- $prefix := printf "%s/" (include "gpuadm.domain" .) | squote -}}
 [object, oldObject].exists(o, o != null && has(o.metadata) && (
-  (has(o.metadata.labels) && o.metadata.labels.exists(k, k.startsWith({{ $prefix }}))) ||
+  (has(o.metadata.labels) && o.metadata.labels.exists(k,
+    k.startsWith({{ $prefix }}) || k == 'runai-gpu-group' || k.startsWith('runai-gpu-group/')
+  )) ||
   (has(o.metadata.annotations) && o.metadata.annotations.exists(k,
     k.startsWith({{ $prefix }}) ||
     k in [
@@ -181,7 +183,12 @@ policies/guard.py): only the GPU stack writes them.
       'volcano.sh/vgpu-node',
       'volcano.sh/vgpu-time',
       'volcano.sh/bind-phase',
-      'volcano.sh/bind-time'
+      'volcano.sh/bind-time',
+      'gpu-fraction',
+      'gpu-memory',
+      'gpu-fraction-num-devices',
+      'gpu-fraction-container-name',
+      'received-resource-type'
     ]
   )) ||
   (has(o.spec) && has(o.spec.schedulingGates) && o.spec.schedulingGates.exists(g,
