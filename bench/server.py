@@ -40,7 +40,7 @@ def serving_gpuadm(workdir: Path) -> Iterator[Served]:
     workdir.mkdir(parents=True, exist_ok=True)
     policy, quotas = workdir / "policy.yaml", workdir / "quotas.yaml"
     policy.write_text(POLICY_YAML)
-    quotas.write_text("")
+    quotas.write_text("namespaces: {}\n")  # no quotas: an empty file is a broken config
     server = ServeProcess(workdir, policy, quotas)
     try:
         yield Served(f"https://127.0.0.1:{server.port}", server.tls_dir / "ca.crt")
