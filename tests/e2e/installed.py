@@ -180,6 +180,11 @@ class Installation:
         pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=POD_SELECTOR).items
         return [p for p in pods if p.metadata.deletion_timestamp is None]
 
+    def all_pods_are(self, image: str) -> bool:
+        """Whether every gpuadm pod, terminating ones included, runs `image`."""
+        pods = self.core.list_namespaced_pod(NAMESPACE, label_selector=POD_SELECTOR).items
+        return bool(pods) and all(p.spec.containers[0].image == image for p in pods)
+
     def ready_pods(self) -> list[kubernetes.client.V1Pod]:
         def ready(pod: kubernetes.client.V1Pod) -> bool:
             conditions = pod.status.conditions or []

@@ -11,6 +11,7 @@ scenarios share one installation and run in file order.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import socket
 import ssl
@@ -156,6 +157,9 @@ def test_an_upgrade_to_a_new_image_and_config_fails_no_create(
     with Stream(installation, "stream") as stream:
         time.sleep(2)
         installation.upgrade(installation.values(new, quotas))
+        # helm --wait returns once the new replicas are Ready; the old ones drain and stop
+        # after it, and the stream goes on through that too.
+        wait_for(lambda: installation.all_pods_are(new.name), "the old replicas gone", seconds=120)
         time.sleep(2)
 
     assert stream.failures == []
@@ -165,7 +169,9 @@ def test_an_upgrade_to_a_new_image_and_config_fails_no_create(
     assert {p.spec.containers[0].image for p in pods} == {new.name}
     with pytest.raises(ApiException) as refused:
         installation.create_gpu_pod("upgraded")
-    assert "h100 quota exceeded: requested 1, in use 1 of 0" in refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert 'namespace "upgraded": h100 quota exceeded: requested 1, in use' in message
+    assert message.endswith(" of 0")
 
 
 def _served_certificate(pod_ip: str) -> x509.Certificate:
