@@ -108,14 +108,15 @@ buildah_in() {
     buildah --root "$dir/storage" --runroot "$dir/run" --storage-driver overlay "$@"
 }
 
-# Removes a build directory, unmounting first whatever a killed build left mounted in it.
+# Removes a build directory, unmounting first whatever a killed build left mounted in it; a
+# mount that would not come off is left standing, never walked into (--one-file-system).
 scrub() {
     local dir=$1 mount
     [[ -e $dir ]] || return 0
     while read -r mount; do
         umount -l "$mount" 2>/dev/null || true
     done < <(awk -v d="$dir/" 'index($5, d) == 1 { print $5 }' /proc/self/mountinfo | sort -r)
-    rm -rf "$dir"
+    rm -rf --one-file-system "$dir"
 }
 
 # The base, made once per recipe and mirror into base-<key>/: its OCI archive and its package
@@ -140,7 +141,7 @@ build_base() {
         --label org.opencontainers.image.title="Debian $BASE_SUITE with python3" "$ctr"
     buildah_in "$tmp" commit --quiet --rm "$ctr" "oci-archive:$tmp/base.oci.tar:$name" >/dev/null
     buildah_in "$tmp" rmi --all --force >/dev/null
-    rm -rf "$tmp/rootfs.tar" "$tmp/dpkg" "$tmp/storage" "$tmp/run"
+    rm -rf --one-file-system "$tmp/rootfs.tar" "$tmp/dpkg" "$tmp/storage" "$tmp/run"
     mv "$tmp" "$dir"
 }
 
@@ -179,7 +180,7 @@ prune() {
         -regex ".*/$pattern" -printf '%T@ %p\n' | sort -rn | tail -n +"$((keep + 1))" |
         cut -d' ' -f2- | while read -r dir; do
         log "removing the unused $dir"
-        rm -rf "$dir"
+        rm -rf --one-file-system "$dir"
     done
 }
 
@@ -208,7 +209,7 @@ build_image() {
         --file "$REPO/Dockerfile" --tag "$name" "$REPO" >&2
     buildah_in "$tmp" push --quiet "$name" "oci-archive:$tmp/$ARCHIVE:$name" >&2
     buildah_in "$tmp" rmi --all --force >/dev/null
-    rm -rf "$tmp/storage" "$tmp/run"
+    rm -rf --one-file-system "$tmp/storage" "$tmp/run"
     echo "$name" >"$tmp/name"
     mv "$tmp" "$dir"
 }
