@@ -199,20 +199,57 @@ def test_custom_pod_values_place_the_uninstall_hook_as_they_place_the_replicas(
     custom: list[Obj],
 ) -> None:
     """The pre-delete Job must be able to run where the replicas could: same pull secrets,
-    nodes, tolerations, affinity and priority, and the admin's pod labels and annotations
-    (a sidecar injector's opt-out, say). Only the replicas are spread over zones."""
+    nodes, tolerations, node affinity and priority, and the admin's pod labels and annotations
+    (a sidecar injector's opt-out, say). Only the replicas are spread over zones and kept
+    apart from one another."""
     job = Rendered("helm", custom).one("Job", "gpuadm-uninstall")
     template = job["spec"]["template"]
     spec = template["spec"]
-    replicas = _pod_spec(custom)
     for key in ("imagePullSecrets", "priorityClassName", "nodeSelector", "tolerations"):
         assert spec[key] == CUSTOM[key], key
-    assert spec["affinity"] == replicas["affinity"]
+    assert spec["affinity"] == {"nodeAffinity": CUSTOM["affinity"]["nodeAffinity"]}
     assert "topologySpreadConstraints" not in spec
     assert template["metadata"]["annotations"] == CUSTOM["podAnnotations"]
     assert template["metadata"]["labels"]["team"] == "platform"
     assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuadm-uninstall"
     assert [c["command"][:2] for c in spec["containers"]] == [["gpuadm", "uninstall"]]
+
+
+REQUIRED_APART = {
+    "requiredDuringSchedulingIgnoredDuringExecution": [
+        {
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/name": "gpuadm"}},
+        }
+    ]
+}
+
+
+def test_the_uninstall_hook_takes_only_the_node_affinity_of_the_replicas(
+    render: Render, tmp_path: Path
+) -> None:
+    """A required anti-affinity against gpuadm's pods would keep the Job off every node a
+    replica runs on, and, with as many replicas as nodes, Pending until helm gives up; a
+    pod affinity would tie it to pods it has nothing to do with. Only the nodes go over."""
+    values = tmp_path / "values.yaml"
+    affinity = {
+        "nodeAffinity": CUSTOM["affinity"]["nodeAffinity"],
+        "podAntiAffinity": REQUIRED_APART,
+        "podAffinity": REQUIRED_APART,
+    }
+    values.write_text(yaml.safe_dump({"affinity": affinity}))
+    rendered = Rendered("helm", render("helm", "-f", str(values)))
+    # Merged into the default: the replicas are now kept apart, required.
+    required = "requiredDuringSchedulingIgnoredDuringExecution"
+    apart = _pod_spec(rendered.objects)["affinity"]["podAntiAffinity"]
+    assert apart[required] == REQUIRED_APART[required]
+    job = rendered.one("Job", "gpuadm-uninstall")["spec"]["template"]["spec"]
+    assert job["affinity"] == {"nodeAffinity": affinity["nodeAffinity"]}
+    # With no node affinity, none at all. (Another file: renders are cached by argument.)
+    apart = tmp_path / "apart.yaml"
+    apart.write_text(yaml.safe_dump({"affinity": {"podAntiAffinity": REQUIRED_APART}}))
+    job = Rendered("helm", render("helm", "-f", str(apart))).one("Job", "gpuadm-uninstall")
+    assert "affinity" not in job["spec"]["template"]["spec"]
 
 
 def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj]) -> None:

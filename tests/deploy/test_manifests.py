@@ -574,13 +574,16 @@ SERVE_CLUSTER_RULES = [
     ("resource.k8s.io", "resourceclaims", (), ("get",)),
     ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
 ]
-# What every variant grants for `gpuadm uninstall`, which the chart's pre-delete hook runs as
-# gpuadm's ServiceAccount: its own two webhook configurations deleted, by name. (It lifts the
-# gate with the pod grants above, and reads the policy with the Role's.)
-UNINSTALL_CLUSTER_RULES = [
+# What the Helm chart's uninstall Job holds, as its own account gpuadm-uninstall, for what
+# `gpuadm uninstall` calls: gpuadm's two webhook configurations deleted, by name; every pod
+# listed, and gpuadm's gate patched away (get: a pod that changed meanwhile is read again);
+# and the policy read, for the gate's domain, in gpuadm's namespace only.
+HOOK_CLUSTER_RULES = [
     ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", ("gpuadm",), ("delete",)),
     ("admissionregistration.k8s.io", "validatingwebhookconfigurations", ("gpuadm",), ("delete",)),
+    ("", "pods", (), ("get", "list", "patch")),
 ]
+HOOK_NAMESPACE_RULES = [("", "configmaps", ("gpuadm-policy",), ("get",))]
 SERVE_NAMESPACE_RULES = [
     ("", "configmaps", (), ("create", "delete", "get", "list", "update", "watch")),
     ("coordination.k8s.io", "leases", ("gpuadm-leader",), ("get", "update")),
@@ -608,7 +611,9 @@ MANAGE_TLS_NAMESPACE_RULES = [
 TLS_RESOURCES = {"secrets", "mutatingwebhookconfigurations", "validatingwebhookconfigurations"}
 
 
-def _check_binding(rendered: Rendered, kind: str, role: str) -> None:
+def _check_binding(
+    rendered: Rendered, kind: str, role: str, account: str = "gpuadm", namespace: str = NAMESPACE
+) -> None:
     binding = rendered.one(f"{kind}Binding", role)
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -616,14 +621,28 @@ def _check_binding(rendered: Rendered, kind: str, role: str) -> None:
         "name": role,
     }
     assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": "gpuadm", "namespace": NAMESPACE}
+        {"kind": "ServiceAccount", "name": account, "namespace": namespace}
     ]
 
 
+def _grants_of(rendered: Rendered, account: str) -> set[tuple[str, str, str]]:
+    """(kind of role, resource, verb) for every grant of the roles bound to the
+    ServiceAccount `account` of gpuadm's namespace, whatever the roles' names."""
+    subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    return {
+        (binding["roleRef"]["kind"], resource, verb)
+        for kind in ("ClusterRoleBinding", "RoleBinding")
+        for binding in rendered.all(kind)
+        if subject in binding["subjects"]
+        for _, resource, _, verbs in _rules(
+            rendered.one(binding["roleRef"]["kind"], binding["roleRef"]["name"])
+        )
+        for verb in verbs
+    }
+
+
 def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
-    assert _rules(rendered.one("ClusterRole")) == sorted(
-        [*SERVE_CLUSTER_RULES, *UNINSTALL_CLUSTER_RULES]
-    )
+    assert _rules(rendered.one("ClusterRole")) == sorted(SERVE_CLUSTER_RULES)
     assert _rules(rendered.one("Role")) == sorted(SERVE_NAMESPACE_RULES)
     for kind in ("ClusterRole", "Role"):
         _check_binding(rendered, kind, "gpuadm")
@@ -638,26 +657,31 @@ def test_rbac_grants_exactly_what_gpuadm_needs(rendered: Rendered) -> None:
         for kind in ("ClusterRole", "Role"):
             _check_binding(rendered, kind, "gpuadm-manage-tls")
     # Serving a Secret that cert-manager or the admin keeps, gpuadm can neither read nor
-    # write any Secret, nor read or change a webhook configuration: all it may do to its own
-    # two is delete them, for uninstall, as in every variant.
+    # write any Secret, nor read or change a webhook configuration. In no variant may it
+    # delete one: only the Helm chart's uninstall Job may, as an account of its own.
     rbac_kinds = ("ClusterRole", "Role", "ClusterRoleBinding", "RoleBinding")
     manage_tls = [o for o in rendered.objects if o["metadata"]["name"] == "gpuadm-manage-tls"]
     assert len(manage_tls) == (4 if managing else 0)
     assert all(o["kind"] in rbac_kinds for o in manage_tls)
     granted = {
         (resource, verb)
-        for kind in ("ClusterRole", "Role")
-        for role in rendered.all(kind)
-        for _, resource, _, verbs in _rules(role)
-        for verb in verbs
+        for _, resource, verb in _grants_of(rendered, "gpuadm")
         if resource in TLS_RESOURCES
     }
-    uninstalling = {
-        (resource, "delete")
-        for resource in ("mutatingwebhookconfigurations", "validatingwebhookconfigurations")
-    }
     keeping_tls = {(resource, verb) for resource in TLS_RESOURCES for verb in ("get", "update")}
-    assert granted == uninstalling | ({*keeping_tls, ("secrets", "create")} if managing else set())
+    assert granted == ({*keeping_tls, ("secrets", "create")} if managing else set())
+    # The replicas' account is bound to gpuadm's roles alone.
+    bound = {
+        (binding["kind"], binding["metadata"]["name"])
+        for kind in ("ClusterRoleBinding", "RoleBinding")
+        for binding in rendered.all(kind)
+        if {"kind": "ServiceAccount", "name": "gpuadm", "namespace": NAMESPACE}
+        in binding["subjects"]
+    }
+    names = {"gpuadm", "gpuadm-manage-tls"} if managing else {"gpuadm"}
+    assert bound == {
+        (kind, name) for kind in ("ClusterRoleBinding", "RoleBinding") for name in names
+    }
     # Tenants read GPUQuota objects through view, edit and admin, and can do nothing more.
     viewer = rendered.one("ClusterRole", "gpuadm-quota-view")
     assert _rules(viewer) == [("gpuadm.io", "gpuquotas", (), READ)]
@@ -839,12 +863,22 @@ def test_kustomize_and_helm_render_the_same_objects(
     # What was left out of Helm's side is its uninstall hook, and nothing else.
     assert not [o for o in render(kustomize) if _hook(o)]
     assert sorted((o["kind"], o["metadata"]["name"]) for o in render(helm) if _hook(o)) == [
-        ("Job", "gpuadm-uninstall"),
-        ("NetworkPolicy", "gpuadm-uninstall"),
+        (kind, "gpuadm-uninstall") for kind in sorted(HOOK_KINDS)
     ]
 
 
 # --- the uninstall hook (Helm only) -------------------------------------------------------------
+
+# Everything of the hook, each named gpuadm-uninstall: the Job, and what it needs first.
+HOOK_KINDS = {
+    "Job",
+    "NetworkPolicy",
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+}
 
 
 def _uninstall_job(rendered: Rendered) -> Obj:
@@ -871,10 +905,14 @@ def test_helm_uninstall_runs_gpuadm_uninstall_first_as_the_replicas_run(
     pod = spec["template"]["spec"]
     replicas = rendered.one("Deployment")["spec"]["template"]["spec"]
     assert pod["restartPolicy"] == "Never"
-    assert pod["serviceAccountName"] == "gpuadm"
+    # Its own account, not the replicas' (test_helm_uninstall_hook_holds_what_it_calls).
+    assert pod["serviceAccountName"] == "gpuadm-uninstall"
     assert pod["automountServiceAccountToken"] is True
-    for key in ("securityContext", "priorityClassName", "affinity"):
+    for key in ("securityContext", "priorityClassName"):
         assert pod[key] == replicas[key], key
+    # Not the replicas' anti-affinity against gpuadm's pods: the default has nothing else.
+    assert replicas["affinity"]["podAntiAffinity"]
+    assert "affinity" not in pod
     (container,) = pod["containers"]
     (serving,) = replicas["containers"]
     assert container["command"] == ["gpuadm", "uninstall", "--gpuadm-namespace", NAMESPACE]
@@ -915,8 +953,48 @@ def test_helm_uninstall_hook_follows_the_release_namespace_and_can_be_left_out(
     assert no_policy.all("NetworkPolicy") == []
     off = render("helm", "--set", "uninstallHook.enabled=false")
     assert [o for o in off if _hook(o)] == []
-    # The grant is in every variant, hook or not, like the rest of gpuadm's.
-    assert set(UNINSTALL_CLUSTER_RULES) <= set(_rules(Rendered("helm", off).one("ClusterRole")))
+    # No account or role of the hook's either, and gpuadm's own stay as they are.
+    assert [o for o in off if o["metadata"]["name"] == "gpuadm-uninstall"] == []
+    assert _rules(Rendered("helm", off).one("ClusterRole")) == sorted(SERVE_CLUSTER_RULES)
+
+
+@pytest.mark.parametrize("name", [n for n in RENDERS if n.startswith("helm")])
+def test_helm_uninstall_hook_holds_what_it_calls(name: str, render: Render) -> None:
+    """The Job runs as an account of its own, made just before it with its roles, and
+    deleted with them once it has succeeded: the one account that may delete gpuadm's
+    webhook configurations lives only while `helm uninstall` runs."""
+    rendered = Rendered(name, render(name))
+    hook = {(o["kind"], o["metadata"]["name"]): o for o in rendered.objects if _hook(o)}
+    assert set(hook) == {(kind, "gpuadm-uninstall") for kind in HOOK_KINDS}
+    job_weight = int(_uninstall_job(rendered)["metadata"]["annotations"]["helm.sh/hook-weight"])
+    for (kind, _), obj in hook.items():
+        annotations = obj["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-delete", kind
+        assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+        if kind != "Job":
+            assert int(annotations["helm.sh/hook-weight"]) < job_weight, kind
+    assert rendered.one("ServiceAccount", "gpuadm-uninstall")["metadata"]["namespace"] == NAMESPACE
+    assert _rules(rendered.one("ClusterRole", "gpuadm-uninstall")) == sorted(HOOK_CLUSTER_RULES)
+    assert _rules(rendered.one("Role", "gpuadm-uninstall")) == sorted(HOOK_NAMESPACE_RULES)
+    for kind in ("ClusterRole", "Role"):
+        _check_binding(rendered, kind, "gpuadm-uninstall", account="gpuadm-uninstall")
+    # Bound to nothing else, and nothing else to its roles.
+    assert _grants_of(rendered, "gpuadm-uninstall") == {
+        (kind, resource, verb)
+        for kind, rules in (("ClusterRole", HOOK_CLUSTER_RULES), ("Role", HOOK_NAMESPACE_RULES))
+        for _, resource, _, verbs in rules
+        for verb in verbs
+    }
+    # Of every account the chart makes, the hook's alone may delete a webhook configuration.
+    deleters = {
+        account["metadata"]["name"]
+        for account in rendered.all("ServiceAccount")
+        if any(
+            verb == "delete" and resource.endswith("webhookconfigurations")
+            for _, resource, verb in _grants_of(rendered, account["metadata"]["name"])
+        )
+    }
+    assert deleters == {"gpuadm-uninstall"}
 
 
 def test_helm_follows_the_release_namespace(render: Render) -> None:
@@ -928,8 +1006,9 @@ def test_helm_follows_the_release_namespace(render: Render) -> None:
             assert webhook["clientConfig"]["service"]["namespace"] == "gpu-admission"
             assert _excluded_namespaces(webhook) == GPU_STACK_NAMESPACES | {"gpu-admission"}
     assert set(_exempt_namespaces(rendered)) == GPU_STACK_NAMESPACES | {"gpu-admission"}
-    (subject,) = rendered.one("ClusterRoleBinding")["subjects"]
-    assert subject["namespace"] == "gpu-admission"
+    for role in ("gpuadm", "gpuadm-uninstall"):
+        (subject,) = rendered.one("ClusterRoleBinding", role)["subjects"]
+        assert subject["namespace"] == "gpu-admission"
 
 
 def test_helm_can_narrow_the_webhooks_to_one_namespace(render: Render) -> None:

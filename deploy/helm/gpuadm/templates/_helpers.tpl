@@ -31,6 +31,17 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{/*
+The annotations of what the uninstall Job needs made before it (its account, roles and
+NetworkPolicy): pre-delete hooks of a lower weight than the Job's, replaced at each attempt,
+and deleted once the Job has succeeded.
+*/}}
+{{- define "gpuadm.uninstallPrerequisiteHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: "-10"
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}
+
+{{/*
 The Secret the pods serve, mounted, when something else keeps it: cert-manager's gpuadm-tls,
 or the admin's tls.existingSecret. Empty when gpuadm keeps its own TLS (serve --manage-tls).
 */}}
