@@ -127,6 +127,35 @@ def test_helm_refuses_values_the_chart_does_not_know(render: Render, value: str,
     assert why in str(refused.value)
 
 
+@pytest.mark.parametrize(
+    ("delay", "timeout", "grace"),
+    [
+        pytest.param(5, 5, 15, id="defaults-at-the-least"),
+        pytest.param(30, 5, 40, id="a-long-drain"),
+        pytest.param(5, 30, 40, id="a-long-timeout"),
+        pytest.param(0, 1, 6, id="no-drain"),
+    ],
+)
+def test_helm_refuses_a_grace_period_the_drain_does_not_fit_in(
+    render: Render, delay: int, timeout: int, grace: int
+) -> None:
+    """A stopping replica drains for shutdownDelaySeconds, then answers what is in flight,
+    each within webhook.timeoutSeconds: killed before that, it fails pod creates."""
+    values = [
+        f"shutdownDelaySeconds={delay}",
+        f"webhook.timeoutSeconds={timeout}",
+    ]
+    args = [arg for value in values for arg in ("--set", value)]
+    enough = render("helm", *args, "--set", f"terminationGracePeriodSeconds={grace}")
+    assert _pod_spec(enough)["terminationGracePeriodSeconds"] == grace
+    with pytest.raises(AssertionError) as refused:
+        render("helm", *args, "--set", f"terminationGracePeriodSeconds={grace - 1}")
+    assert (
+        f"terminationGracePeriodSeconds ({grace - 1}) must be at least shutdownDelaySeconds "
+        f"({delay}) + webhook.timeoutSeconds ({timeout}) + 5 = {grace}"
+    ) in str(refused.value)
+
+
 # --- the values that place and shape the pods --------------------------------------------------
 
 CUSTOM: dict[str, Any] = {

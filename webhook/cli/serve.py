@@ -220,7 +220,7 @@ def _seconds_between(low: float, high: float) -> Callable[[str], float]:
 
 _lease_seconds = _seconds_between(1, 3600)
 # Beyond a minute the kubelet's default grace period (30 s) would kill the replica mid-drain
-# anyway; the chart raises terminationGracePeriodSeconds with it.
+# anyway; the chart refuses a grace period under the delay + webhook timeout + 5 s.
 _non_negative_seconds = _seconds_between(0, 60)
 
 

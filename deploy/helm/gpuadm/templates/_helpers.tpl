@@ -42,6 +42,22 @@ helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
 {{- end }}
 
 {{/*
+terminationGracePeriodSeconds, refused unless a stopping replica's drain fits in it: the
+shutdown delay, then the reviews still in flight (each answered within the webhook timeout),
+then 5 s to close, before the kubelet's SIGKILL cuts a pod create short.
+*/}}
+{{- define "gpuadm.terminationGracePeriodSeconds" -}}
+{{- $delay := int .Values.shutdownDelaySeconds -}}
+{{- $timeout := int .Values.webhook.timeoutSeconds -}}
+{{- $grace := int .Values.terminationGracePeriodSeconds -}}
+{{- $needed := add $delay $timeout 5 -}}
+{{- if lt $grace $needed }}
+{{- fail (printf "terminationGracePeriodSeconds (%d) must be at least shutdownDelaySeconds (%d) + webhook.timeoutSeconds (%d) + 5 = %d: a stopping replica drains, then answers the reviews in flight, before the kubelet kills it" $grace $delay $timeout $needed) }}
+{{- end }}
+{{- $grace -}}
+{{- end }}
+
+{{/*
 The Secret the pods serve, mounted, when something else keeps it: cert-manager's gpuadm-tls,
 or the admin's tls.existingSecret. Empty when gpuadm keeps its own TLS (serve --manage-tls).
 */}}
