@@ -11,6 +11,7 @@ kustomize and helm are built from their Go modules by deploy/tools/install.sh on
 
 from __future__ import annotations
 
+import base64
 import copy
 import inspect
 import json
@@ -714,6 +715,76 @@ def test_helm_serves_a_secret_of_the_admins_own_naming(render: Render) -> None:
     )
     (endpoint,) = monitored.one("ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "my-tls", "key": "ca.crt"}
+
+
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+# A CA as an admin's ca.crt holds it; the chart checks only that it is PEM.
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBfakefakefake\n-----END CERTIFICATE-----\n"
+
+
+def _ca_bundles(rendered: Rendered) -> list[str | None]:
+    """The caBundle of each webhook of both configurations, None where there is none."""
+    return [
+        webhook["clientConfig"].get("caBundle")
+        for kind in WEBHOOK_KINDS
+        for webhook in rendered.one(kind)["webhooks"]
+    ]
+
+
+def test_no_variant_sets_a_ca_bundle(rendered: Rendered) -> None:
+    """gpuadm, cert-manager's CA injector or the admin writes it, and an apply or upgrade
+    leaves what they wrote in place."""
+    bundles = _ca_bundles(rendered)
+    assert len(bundles) == 3
+    assert set(bundles) == {None}
+
+
+def test_helm_puts_the_ca_of_the_admins_secret_in_every_webhook(
+    render: Render, tmp_path: Path
+) -> None:
+    """With tls.caBundle, no webhook is left to patch by hand: the claims webhook, the
+    validating configuration's second, fails closed like the first."""
+    bundle = base64.b64encode(CA_PEM.encode()).decode()
+    values = tmp_path / "ca.yaml"
+    values.write_text(yaml.safe_dump({"tls": {"existingSecret": "my-tls", "caBundle": bundle}}))
+    rendered = Rendered("helm", render("helm", "-f", str(values)))
+    without = Rendered("helm", render("helm", "--set", "tls.existingSecret=my-tls"))
+    assert _ca_bundles(rendered) == [bundle] * len(_ca_bundles(without))
+    # And nothing else changes.
+    for kind in WEBHOOK_KINDS:
+        configuration = rendered.one(kind)
+        for webhook in configuration["webhooks"]:
+            del webhook["clientConfig"]["caBundle"]
+        assert configuration == without.one(kind)
+
+
+@pytest.mark.parametrize(
+    ("settings", "why"),
+    [
+        pytest.param({}, "is set only with it", id="gpuadm-keeps-the-tls"),
+        pytest.param({"certManager": {"enabled": True}}, "is set only with it", id="cert-manager"),
+        pytest.param(
+            {"tls": {"existingSecret": "my-tls", "caBundle": "aGVsbG8="}},
+            "is not the base64 of a PEM certificate",
+            id="not-pem",
+        ),
+        pytest.param(
+            {"tls": {"existingSecret": "my-tls", "caBundle": CA_PEM}},
+            "values don't meet the specifications of the schema",
+            id="pem-not-base64",
+        ),
+    ],
+)
+def test_helm_refuses_a_ca_bundle_it_cannot_use(
+    render: Render, tmp_path: Path, settings: dict[str, Any], why: str
+) -> None:
+    values: dict[str, Any] = {"tls": {"caBundle": base64.b64encode(CA_PEM.encode()).decode()}}
+    for key, value in settings.items():
+        values[key] = {**values.get(key, {}), **value}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    with pytest.raises(AssertionError, match=re.escape(why)):
+        render("helm", "-f", str(path))
 
 
 def test_helm_refuses_two_keepers_of_the_certificate(render: Render) -> None:

@@ -68,6 +68,23 @@ or the admin's tls.existingSecret. Empty when gpuadm keeps its own TLS (serve --
 {{- if .Values.certManager.enabled }}gpuadm-tls{{ else }}{{ .Values.tls.existingSecret }}{{ end }}
 {{- end }}
 
+{{/*
+tls.caBundle, the CA of tls.existingSecret, for the caBundle of every webhook of both
+configurations; empty when unset. Refused without tls.existingSecret, where gpuadm or
+cert-manager's CA injector writes the caBundle and a value of the chart's would fight it.
+*/}}
+{{- define "gpuadm.caBundle" -}}
+{{- with .Values.tls.caBundle }}
+{{- if not $.Values.tls.existingSecret }}
+{{- fail "tls.caBundle is the CA of tls.existingSecret, and is set only with it: otherwise gpuadm, or cert-manager's CA injector, writes the caBundle" }}
+{{- end }}
+{{- if not (contains "-----BEGIN CERTIFICATE-----" (b64dec .)) }}
+{{- fail "tls.caBundle is not the base64 of a PEM certificate: give the output of base64 -w0 < ca.crt" }}
+{{- end }}
+{{- . }}
+{{- end }}
+{{- end }}
+
 {{/* Non-empty when gpuadm keeps its own TLS: the Secret gpuadm-tls and the caBundles. */}}
 {{- define "gpuadm.managesTls" -}}
 {{- if not (include "gpuadm.mountedSecret" .) }}true{{ end }}
