@@ -1,7 +1,8 @@
 """`gpuadm uninstall` against the real apiserver and the running gpuadm: the webhook
 configurations go first, then every pod waiting behind gpuadm's gate loses it, and no other
-gate is touched. Run as the admin, as with kustomize; and as gpuadm's own ServiceAccount with
-the shipped roles, as the Helm chart's pre-delete Job runs it.
+gate is touched. Run as the admin, as with kustomize; as the chart's pre-delete Job runs it,
+with the account and roles the chart makes for it; and as gpuadm's own account with
+deploy/base's roles, which is refused.
 
 Each test deletes the session's webhook configurations, which the other tests need: the
 `restore_webhooks` fixture registers them again and waits until the apiserver calls them.
@@ -25,6 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import Deployment
 from tests.e2e.gpuadm import DEPLOY_BASE, NAMESPACE, register_webhooks, wait_until
+from tests.e2e.installed import helm_binary
 from tests.e2e.test_queue import (
     GATE,
     H100_POD,
@@ -189,22 +191,17 @@ def test_uninstall_deletes_the_webhooks_then_lifts_gpuadms_gate_and_no_other(
     assert not [line for line in again.stdout.splitlines() if f" {namespace}/" in line]
 
 
-@pytest.fixture
-def gpuadm_account(
+def _account(
     api_client: kubernetes.client.ApiClient,
     core_v1: kubernetes.client.CoreV1Api,
     control_plane: ControlPlane,
     tmp_path: Path,
+    account: str,
+    documents: list[dict[str, Any]],
 ) -> Iterator[Path]:
-    """A kubeconfig of gpuadm's ServiceAccount, bound to the ClusterRole and Role `gpuadm`
-    as deploy/base ships them (the chart's are the same, tests/deploy)."""
+    """A kubeconfig of ServiceAccount `account` in gpuadm's namespace, with `documents`
+    (its roles and bindings) created for the test and deleted after it."""
     rbac = kubernetes.client.RbacAuthorizationV1Api(api_client)
-    documents = [
-        document
-        for name in ("clusterrole", "clusterrolebinding", "role", "rolebinding")
-        for document in yaml.safe_load_all((DEPLOY_BASE / f"{name}.yaml").read_text())
-        if document and document["metadata"]["name"] == "gpuadm"
-    ]
     create = {
         "ClusterRole": rbac.create_cluster_role,
         "ClusterRoleBinding": rbac.create_cluster_role_binding,
@@ -218,34 +215,100 @@ def gpuadm_account(
         "RoleBinding": lambda name: rbac.delete_namespaced_role_binding(name, NAMESPACE),
     }
     assert sorted(d["kind"] for d in documents) == sorted(create)
-    account = {"metadata": {"name": "gpuadm", "namespace": NAMESPACE}}
-    core_v1.create_namespaced_service_account(NAMESPACE, account)
+    core_v1.create_namespaced_service_account(
+        NAMESPACE, {"metadata": {"name": account, "namespace": NAMESPACE}}
+    )
     try:
         for document in documents:
             create[document["kind"]](document)
         token = core_v1.create_namespaced_service_account_token(
-            "gpuadm", NAMESPACE, {"spec": {"expirationSeconds": 600}}
+            account, NAMESPACE, {"spec": {"expirationSeconds": 600}}
         ).status.token
         kubeconfig = yaml.safe_load(control_plane.kubeconfig_path.read_text())
         (user,) = kubeconfig["users"]
         user["user"] = {"token": token}
-        path = tmp_path / "gpuadm.kubeconfig"
+        path = tmp_path / f"{account}.kubeconfig"
         path.write_text(yaml.safe_dump(kubeconfig))
         yield path
     finally:
         for document in documents:
             with contextlib.suppress(ApiException):
                 delete[document["kind"]](document["metadata"]["name"])
-        core_v1.delete_namespaced_service_account("gpuadm", NAMESPACE)
+        core_v1.delete_namespaced_service_account(account, NAMESPACE)
+
+
+@pytest.fixture
+def gpuadm_account(
+    api_client: kubernetes.client.ApiClient,
+    core_v1: kubernetes.client.CoreV1Api,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+) -> Iterator[Path]:
+    """A kubeconfig of gpuadm's ServiceAccount, bound to the ClusterRole and Role `gpuadm`
+    as deploy/base ships them (the chart's are the same, tests/deploy)."""
+    documents = [
+        document
+        for name in ("clusterrole", "clusterrolebinding", "role", "rolebinding")
+        for document in yaml.safe_load_all((DEPLOY_BASE / f"{name}.yaml").read_text())
+        if document and document["metadata"]["name"] == "gpuadm"
+    ]
+    yield from _account(api_client, core_v1, control_plane, tmp_path, "gpuadm", documents)
+
+
+@pytest.fixture
+def hook_account(
+    api_client: kubernetes.client.ApiClient,
+    core_v1: kubernetes.client.CoreV1Api,
+    control_plane: ControlPlane,
+    tmp_path: Path,
+) -> Iterator[Path]:
+    """A kubeconfig of the chart's uninstall Job's account, with the roles the chart renders
+    for it."""
+    rendered = subprocess.run(
+        [
+            str(helm_binary()),
+            "template",
+            "gpuadm",
+            str(ROOT / "deploy" / "helm" / "gpuadm"),
+            "--namespace",
+            NAMESPACE,
+            "--show-only",
+            "templates/uninstall-hook.yaml",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    hook = [d for d in yaml.safe_load_all(rendered) if d]
+    documents = [d for d in hook if d["kind"] not in ("ServiceAccount", "Job", "NetworkPolicy")]
+    assert {d["metadata"]["name"] for d in hook if d["kind"] == "ServiceAccount"} == {
+        "gpuadm-uninstall"
+    }
+    for document in documents:
+        document["metadata"].pop("annotations", None)  # hook annotations mean nothing here
+    yield from _account(api_client, core_v1, control_plane, tmp_path, "gpuadm-uninstall", documents)
 
 
 @pytest.mark.usefixtures("restore_webhooks")
-def test_gpuadms_own_account_may_uninstall_as_the_charts_hook_does(
-    gpuadm: Deployment, namespace: str, gpuadm_account: Path
+def test_the_charts_hook_account_may_uninstall(
+    gpuadm: Deployment, namespace: str, hook_account: Path
 ) -> None:
     waiting_line(gpuadm, namespace)
     # The account is held to its roles: what they do not grant is refused.
-    refused = uninstall(gpuadm_account, "--gpuadm-namespace", "kube-system", "--dry-run")
+    refused = uninstall(hook_account, "--gpuadm-namespace", "kube-system", "--dry-run")
     assert refused.returncode == 2
     assert "forbidden" in refused.stderr
-    check_uninstalled(gpuadm, namespace, uninstall(gpuadm_account))
+    check_uninstalled(gpuadm, namespace, uninstall(hook_account))
+
+
+@pytest.mark.usefixtures("restore_webhooks")
+def test_the_servers_own_account_may_not_delete_the_webhooks(
+    gpuadm: Deployment, namespace: str, gpuadm_account: Path
+) -> None:
+    """The long-running replicas hold no grant to switch gpuadm off."""
+    waiting_line(gpuadm, namespace)
+    refused = uninstall(gpuadm_account)
+    assert refused.returncode == 2
+    assert 'cannot delete resource "mutatingwebhookconfigurations"' in refused.stderr
+    assert configurations(gpuadm.api) == {"mutating", "validating"}
+    assert gates(gpuadm.core, namespace, "waiting") == [GATE]
