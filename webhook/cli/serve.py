@@ -66,6 +66,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "can delay releases (default 15, at least 1)",
     )
     serve.add_argument(
+        "--drop-shown-reservations",
+        action="store_true",
+        help="in a cluster: take a reservation out of its namespace's usage record as soon as "
+        "this replica's pod watch shows the pod, so that a write carries only the pods in "
+        "flight, not every admission of the last 90 s; turn it on only once no replica runs a "
+        "version older than this one, which all honour the record's watermark (default off)",
+    )
+    serve.add_argument(
         "--shutdown-delay-seconds",
         type=_non_negative_seconds,
         default=0.0,
@@ -159,6 +167,7 @@ def run(args: argparse.Namespace) -> ExitCode:
         trusted_user=args.trusted_user or f"system:serviceaccount:{args.gpuadm_namespace}:gpuadm",
         claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
         lease_seconds=args.lease_seconds,
+        drop_shown_reservations=args.drop_shown_reservations,
         identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
     )
     _use_fast_loop()

@@ -32,7 +32,7 @@ from policies.queue import is_gated, may_gate
 from policies.quotas import Terms, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
-from webhook.quota.book import RecordBusy, ReservationBook
+from webhook.quota.book import NOT_IN_SYNC, NotInSync, RecordBusy, ReservationBook
 from webhook.quota.line import QueueLine, held_in_line
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import RecordFull, Reservation
@@ -110,9 +110,7 @@ class AdmissionJudge:
         if gated and (never := _never_fits(namespace, plan, limits)) is not None:
             return never
         if not self.usage_ready():
-            return QuotaVerdict(
-                False, "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
-            )
+            return QuotaVerdict(False, NOT_IN_SYNC)
         try:
             exists = await self.namespace_exists(namespace)
         except KubeError as error:
@@ -178,6 +176,10 @@ class AdmissionJudge:
         except RecordBusy as busy:
             for pending in batch:
                 pending.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
+        except NotInSync as behind:  # its watch lags: judged late or not at all, never short
+            log.warning("%s", behind.detail)
+            for pending in batch:
+                pending.verdict.set_result(QuotaVerdict(False, NOT_IN_SYNC))
         except KubeError as error:  # the apiserver is unreachable or refused: no fault of ours
             log.warning("cannot store the quota record of namespace %s: %s", namespace, error)
             unreachable = QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
@@ -192,6 +194,7 @@ class AdmissionJudge:
     async def _judge_and_store(self, namespace: str, batch: list[_Pending]) -> list[QuotaVerdict]:
         """Judge each admission in order against the record and those before it; store once."""
         record = await self.book.read_copy(namespace)
+        await self.book.catch_up(namespace, record)
         now = self.book.clock()
         reservations = self.book.unexpired(record, now)
         verdicts = []
@@ -243,7 +246,7 @@ class AdmissionJudge:
                     }
         if reserved:
             try:
-                await self.book.write(namespace, reservations, record.version)
+                await self.book.write(namespace, reservations, record)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
                 self._log_full(namespace, full)
                 return [

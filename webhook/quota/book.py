@@ -12,6 +12,13 @@ as a pod, once), and it is pruned from the record only after `reservation_ttl`, 
 any admission request can take. So a reservation outlives the window in which the pod may be
 invisible to any replica whose watch is healthy. A pod that was never stored (a later webhook
 refused it) holds its room until then, and no longer.
+
+With `drop_shown`, a reservation leaves the record sooner: at the first write after the
+writer's watch has shown its pod, which raises the record's watermark (`Mark`) to the
+resourceVersion of the event that showed it. Every replica judges with a record only once
+its own view of pods has reached the record's mark (`catch_up`): the pods whose reservations
+left are then counted as pods. So a write carries only the reservations of pods in flight,
+whatever the namespace's churn, and no judgement misses one.
 """
 
 from __future__ import annotations
@@ -24,7 +31,13 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
 from webhook.kube.errors import KubeError
-from webhook.quota.reservations import Conflict, Record, Reservation, ReservationStore
+from webhook.quota.reservations import (
+    Conflict,
+    Mark,
+    Record,
+    Reservation,
+    ReservationStore,
+)
 from webhook.quota.usage import UsageIndex
 
 if TYPE_CHECKING:
@@ -37,6 +50,11 @@ RESERVATION_TTL = 90.0
 # a burst far beyond what one namespace sees; then the request is refused with "retry"
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
+# How long a judgement waits for this replica's pod watch to reach a record's mark: the
+# event it waits for has reached every watcher at once, so a healthy watch takes
+# milliseconds; then the request is refused with "retry".
+CATCH_UP_SECONDS = 2.0
+NOT_IN_SYNC = "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
 
 T = TypeVar("T")
 
@@ -47,6 +65,17 @@ class RecordBusy(KubeError):
     def __init__(self, namespace: str) -> None:
         self.detail = f'the quota record of namespace "{namespace}" is busy'
         super().__init__(409, self.detail)
+
+
+class NotInSync(KubeError):
+    """This replica's view of pods has not reached a record's mark in time."""
+
+    def __init__(self, namespace: str, mark: Mark) -> None:
+        self.detail = (
+            f"the pod view has not reached the mark {mark.version} of the quota record of "
+            f'namespace "{namespace}"'
+        )
+        super().__init__(503, self.detail)
 
 
 class ReservationBook:
@@ -61,11 +90,22 @@ class ReservationBook:
         clock: Callable[[], float] = time.time,
         reservation_ttl: float = RESERVATION_TTL,
         metrics: Metrics | None = None,
+        drop_shown: bool = False,
+        catch_up_seconds: float = CATCH_UP_SECONDS,
+        relist: Callable[[], None] = lambda: None,
     ) -> None:
         """Keep records in `store`; with `pods_visible` False (standalone) reservations
-        never expire, and none is ever shown as a pod."""
+        never expire, and none is ever shown as a pod.
+
+        With `drop_shown`, reservations of pods the watch has shown leave the record at the
+        next write. Whatever it is, a judgement waits `catch_up_seconds` at most for the
+        view to reach a record's mark; `relist` asks the pod watch for a full list, the one
+        way to reach a mark made by a watch of another label."""
         self.usage = usage
         self.pods_visible = pods_visible
+        self.drop_shown = drop_shown and pods_visible
+        self.catch_up_seconds = catch_up_seconds
+        self._relist = relist
         self.clock = clock
         self.reservation_ttl = reservation_ttl
         self._store = store
@@ -88,11 +128,54 @@ class ReservationBook:
         return self._copies.get(namespace) or await self._store.read(namespace)
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self, namespace: str, reservations: dict[str, Reservation], read: Record
     ) -> None:
-        """Write the record at `version` (raising `Conflict` if it moved on) and keep a copy."""
-        new_version = await self._store.write(namespace, reservations, version)
-        self._copies[namespace] = Record(reservations, new_version)
+        """Write `reservations` over the record `read` (raising `Conflict` if it moved on),
+        leaving out those whose pods the watch has shown (with `drop_shown`), and keep a
+        copy."""
+        kept, mark = self.dropping(reservations, read.mark)
+        new_version = await self._store.write(namespace, kept, read.version, mark)
+        self._copies[namespace] = Record(kept, new_version, mark)
+
+    def dropping(
+        self, reservations: dict[str, Reservation], mark: Mark
+    ) -> tuple[dict[str, Reservation], Mark]:
+        """Return the reservations a write keeps and the record's mark after it.
+
+        Only the reservations of pods shown by a watch of the label the mark is for go, or
+        of any label while the mark is unset: a replica that watches another label would
+        not have seen them."""
+        usage = self.usage
+        if not self.drop_shown or (mark.version and mark.label != usage.label):
+            return reservations, mark
+        kept: dict[str, Reservation] = {}
+        top = 0
+        for uid, reservation in reservations.items():
+            shown = usage.shown_in(uid)
+            if shown is None:
+                kept[uid] = reservation
+            elif shown > top:
+                top = shown
+        if len(kept) == len(reservations):
+            return reservations, mark
+        return kept, Mark(max(mark.version, top), usage.label, self.clock())
+
+    async def catch_up(self, namespace: str, record: Record) -> None:
+        """Return once this replica's view of pods has reached the record's mark, so that
+        it counts every pod whose reservation left the record; raise `NotInSync` if it has
+        not within `catch_up_seconds`."""
+        mark = record.mark
+        if not mark.version or not self.pods_visible:
+            return
+        usage = self.usage
+        if mark.label == usage.label:
+            if await usage.reach(mark.version, within=self.catch_up_seconds):
+                return
+        elif usage.listed_version >= mark.version:
+            return
+        else:  # only a full list, at or after the mark, holds the pods of the other label
+            self._relist()
+        raise NotInSync(namespace, mark)
 
     async def compare_and_swap(self, namespace: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` (read the record, decide, write at the version read) until its
@@ -174,22 +257,29 @@ class ReservationBook:
             await self.prune(namespace)
 
     async def prune(self, namespace: str) -> None:
-        """Drop expired reservations from a namespace's record; delete a record left empty.
+        """Drop expired reservations from a namespace's record, and those whose pods the
+        watch has shown (with `drop_shown`); delete a record left empty.
 
         So records exist only while they hold reservations, and a namespace that holds none
-        (or never held a pod, as with a forged review) leaves nothing behind.
+        (or never held a pod, as with a forged review) leaves nothing behind. A record
+        emptied by reservations that left as their pods were shown stays, with its mark,
+        until `reservation_ttl` has passed since the last did: a record made anew would
+        have no mark, and a replica whose watch lags would judge without those pods.
         """
         async with self._locks[namespace]:
             try:
                 record = await self._store.read(namespace)
-                unexpired = self.unexpired(record, self.clock())
-                if not unexpired and record.version is not None:
+                now = self.clock()
+                unexpired = self.unexpired(record, now)
+                kept, mark = self.dropping(unexpired, record.mark)
+                marked = mark.version and now - mark.at < self.reservation_ttl
+                if not kept and not marked and record.version is not None:
                     await self._store.delete(namespace, record.version)
-                elif len(unexpired) != len(record.reservations):
-                    await self.write(namespace, unexpired, record.version)
+                elif len(kept) != len(record.reservations):
+                    await self.write(namespace, unexpired, record)
             except Conflict:
                 self._copies.pop(namespace, None)
                 return
-        if not unexpired:
+        if not kept and not marked:
             # Its lock stays: it may have waiters, and locks exist only for real namespaces.
             self._copies.pop(namespace, None)

@@ -15,12 +15,23 @@ import orjson
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL
 from webhook.kube.rest import AsyncApi
-from webhook.quota.reservations import EMPTY, Conflict, Record, RecordFull, Reservation
+from webhook.quota.reservations import (
+    EMPTY,
+    NO_MARK,
+    Conflict,
+    Mark,
+    Record,
+    RecordFull,
+    Reservation,
+)
 
 if TYPE_CHECKING:
     from webhook.observe.metrics import Metrics
 
 DATA_KEY = "reservations.json"
+# The watermark of the reservations that left the record as their pods were shown; absent
+# while none has (`Mark`).
+MARK_KEY = "shown.json"
 # The apiserver refuses a ConfigMap whose values take more than 1 MiB in all.
 RECORD_MAX_BYTES = 1024 * 1024
 
@@ -94,9 +105,11 @@ def body_size(body: dict[str, Any], text: bytes) -> int:
 
 def record_of(config_map: dict[str, Any]) -> Record:
     """Read the record a ConfigMap holds."""
-    raw = orjson.loads((config_map.get("data") or {}).get(DATA_KEY) or "{}")
+    data = config_map.get("data") or {}
+    raw = orjson.loads(data.get(DATA_KEY) or "{}")
     reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
-    return Record(reservations, config_map["metadata"]["resourceVersion"])
+    mark = Mark.from_json(orjson.loads(data[MARK_KEY])) if MARK_KEY in data else NO_MARK
+    return Record(reservations, config_map["metadata"]["resourceVersion"], mark)
 
 
 class ConfigMapStore:
@@ -116,12 +129,17 @@ class ConfigMapStore:
         return EMPTY if found is None else record_of(found)
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         """Create or replace the record at `version`; raise `Conflict` if it moved on, and
         `RecordFull`, writing nothing, if it is larger than a ConfigMap may be."""
         text = self.text.encode(namespace, reservations)
-        if len(text) > RECORD_MAX_BYTES:
+        marked = orjson.dumps(mark.to_json()).decode() if mark != NO_MARK else None
+        if len(text) + len(marked or "") > RECORD_MAX_BYTES:
             raise RecordFull(namespace, len(reservations), RECORD_MAX_BYTES)
         metadata: dict[str, Any] = {
             "name": record_name(namespace),
@@ -130,7 +148,7 @@ class ConfigMapStore:
         }
         if version is not None:
             metadata["resourceVersion"] = version
-        data = {DATA_KEY: ""}
+        data = {DATA_KEY: ""} if marked is None else {DATA_KEY: "", MARK_KEY: marked}
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
         if self._metrics is not None:
             # What the apiserver receives (its request_body_size), counted before it is sent:

@@ -18,7 +18,7 @@ from policies import Plan
 from policies.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.quota.admissions import AdmissionJudge
-from webhook.quota.book import RESERVATION_TTL, ReservationBook
+from webhook.quota.book import CATCH_UP_SECONDS, RESERVATION_TTL, ReservationBook
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import ReservationStore
@@ -45,11 +45,17 @@ class QuotaLedger:
         reservation_ttl: float = RESERVATION_TTL,
         metrics: Metrics | None = None,
         namespace_exists: Callable[[str], Awaitable[bool]] = every_namespace_exists,
+        drop_shown: bool = False,
+        catch_up_seconds: float = CATCH_UP_SECONDS,
+        relist: Callable[[], None] = lambda: None,
     ) -> None:
         """Build a ledger; with `pods_visible` False (standalone) reservations never expire.
 
         `usage_ready` says whether the usage index is in sync; `namespace_exists` whether a
-        namespace is real, so that nothing is judged or kept for one that is not.
+        namespace is real, so that nothing is judged or kept for one that is not. With
+        `drop_shown`, reservations leave the record once the watch shows their pods; a
+        judgement waits `catch_up_seconds` at most for the watch to reach a record's mark;
+        `relist` asks the pod watch for a full list (`ReservationBook`).
         """
         self.book = ReservationBook(
             usage,
@@ -58,6 +64,9 @@ class QuotaLedger:
             clock=clock,
             reservation_ttl=reservation_ttl,
             metrics=metrics,
+            drop_shown=drop_shown,
+            catch_up_seconds=catch_up_seconds,
+            relist=relist,
         )
         self.line = QueueLine(self.book, usage)
         self.judge = AdmissionJudge(

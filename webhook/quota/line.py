@@ -149,6 +149,7 @@ class QueueLine:
         # admission, and a pass that releases nothing writes nothing, so it would never
         # learn of them from a failed write.
         record = await self._book.read(namespace)
+        await self._book.catch_up(namespace, record)
         now = self._book.clock()
         reservations = self._book.unexpired(record, now)
         line = self._usage.line(namespace)
@@ -185,7 +186,7 @@ class QueueLine:
             return charged, turn
         for pod in (*released, *stale):
             reservations[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
-        await self._book.write(namespace, reservations, record.version)
+        await self._book.write(namespace, reservations, record)
         return charged + list(released), turn
 
     async def unreserve(self, namespace: str, uid: str) -> None:
@@ -196,7 +197,7 @@ class QueueLine:
             record = await self._book.read(namespace)
             if uid in record.reservations:
                 rest = {k: r for k, r in record.reservations.items() if k != uid}
-                await self._book.write(namespace, rest, record.version)
+                await self._book.write(namespace, rest, record)
 
         async with self._book.lock(namespace):
             try:

@@ -97,7 +97,9 @@ class PodWatcher:
         self._relist.clear()
         holdings, waiting, version = await self._fetch_holdings(snapshot)
         now = self.clock()
-        self.usage.replace_all(holdings, now=now, waiting=waiting)
+        self.usage.replace_all(
+            holdings, now=now, waiting=waiting, version=resource_version(version) or 0
+        )
         self.usage.forget_seen_before(now - 2 * self.resync_seconds)
         self.synced = True
         self.last_contact = now
@@ -125,6 +127,7 @@ class PodWatcher:
 
     async def _watch(self, version: str) -> str:
         label = self.config.current.policy.class_annotation
+        self.usage.watching(label)
         latest = version
         watch = self.api.watch_pods(
             label_selector=label, resource_version=version, timeout_seconds=self.watch_seconds
@@ -144,11 +147,25 @@ class PodWatcher:
             raise KubeError(int(obj.get("code") or 0), str(obj.get("message")))
         self.last_contact = self.clock()
         metadata = obj.get("metadata") or {}
+        version = metadata.get("resourceVersion")
+        number = resource_version(version)
         if kind == "DELETED":
-            self.usage.forget(str(metadata.get("uid")), now=self.clock())
+            self.usage.forget(str(metadata.get("uid")), now=self.clock(), version=number)
         elif kind in ("ADDED", "MODIFIED"):
             snapshot = self.config.current
-            self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=self.clock())
+            self.usage.observe(
+                obj, snapshot.policy, snapshot.quotas, now=self.clock(), version=number
+            )
+        if number is not None:  # a bookmark too: every event up to it was sent
+            self.usage.advance(number)
         self.metrics.tracked_pods.set(len(self.usage))
-        version = metadata.get("resourceVersion")
         return str(version) if version else None
+
+
+def resource_version(version: object) -> int | None:
+    """Return a pod resourceVersion as the integer it compares as (KEP-5504), or None if it
+    is not one: a view that cannot tell how far it reached then drops nothing and waits for
+    nothing it cannot reach."""
+    if not isinstance(version, str) or not version.isdigit() or version.startswith("0"):
+        return None
+    return int(version)

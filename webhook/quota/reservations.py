@@ -77,11 +77,44 @@ def _read(charge: str) -> Fraction:
 
 
 @dataclass(frozen=True, slots=True)
+class Mark:
+    """How far the pods whose reservations left a record had been shown (the watermark).
+
+    A reservation leaves its record once the writer's pod watch has shown its pod holding
+    GPUs or ended; `version` is then at least the resourceVersion of the watch event that
+    showed it, and only grows. A replica judges with the record only once its own view of
+    pods is complete up to `version`, so it counts every such pod as a pod.
+    """
+
+    version: int = 0
+    """A pod resourceVersion; 0: no reservation ever left the record early."""
+    label: str = ""
+    """The label the watch that showed the pods selects pods by."""
+    at: float = 0.0
+    """When a reservation last left the record so: an emptied record stays, with its mark,
+    until the reservations' lifetime has passed since."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the mark as stored in the record."""
+        return {"version": str(self.version), "label": self.label, "at": self.at}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Mark:
+        """Read a mark back from the record."""
+        return cls(int(data["version"]), str(data["label"]), float(data["at"]))
+
+
+NO_MARK = Mark()
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
-    """A namespace's reservations by pod uid, and the version they were read at."""
+    """A namespace's reservations by pod uid, the version they were read at, and the mark
+    of the reservations that left it as their pods were shown."""
 
     reservations: dict[str, Reservation]
     version: str | None = None
+    mark: Mark = NO_MARK
 
 
 EMPTY = Record({})
@@ -95,7 +128,11 @@ class ReservationStore(Protocol):
         ...
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         """Replace the record if it is still at `version`; return the new version."""
         ...
@@ -129,7 +166,11 @@ class MemoryStore:
         return self._records.get(namespace, EMPTY)
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         """Replace the record if it is still at `version`."""
         await asyncio.sleep(0)
@@ -138,7 +179,7 @@ class MemoryStore:
             raise Conflict(namespace)
         new_version = str(self._next_version)
         self._next_version += 1
-        self._records[namespace] = Record(dict(reservations), new_version)
+        self._records[namespace] = Record(dict(reservations), new_version, mark)
         self.writes += 1
         return new_version
 

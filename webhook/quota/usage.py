@@ -9,6 +9,7 @@ a time as the watch shows them, so that no judgement sorts or visits a whole lin
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping
@@ -46,6 +47,56 @@ class UsageIndex:
         self._lines: dict[str, Line] = {}  # namespace -> its waiting pods
         self._line_of: dict[str, str] = {}  # uid -> namespace, for the waiting pods
         self._listeners: list[Callable[[str], None]] = []
+        # For each pod the watch has shown holding GPUs or ended, the resourceVersion of the
+        # event that first showed it: its reservation may leave the record, with a watermark
+        # of that version (`webhook.quota.book`).
+        self._shown_in: dict[str, int] = {}
+        # The pod resourceVersion this view is complete up to: every pod event at or before
+        # it has been applied (the last event, or the last full list). 0: none yet.
+        self.version = 0
+        # The version of the last full list, and the label the watch selects pods by.
+        self.listed_version = 0
+        self.label = ""
+        self._reached: list[tuple[int, asyncio.Future[None]]] = []
+
+    def shown_in(self, uid: str) -> int | None:
+        """Return the resourceVersion of the watch event that showed this pod holding GPUs
+        or ended, or None if no watch event did (a pod only listed, or waiting in line)."""
+        return self._shown_in.get(uid)
+
+    def watching(self, label: str) -> None:
+        """Note the label the watch selects pods by. When it changes (a policy that renames
+        the class label), forget which pods the old watch showed: replicas that watch the
+        new label would not have seen them, so their reservations stay until they expire."""
+        if label != self.label:
+            self.label = label
+            self._shown_in.clear()
+
+    def advance(self, version: int) -> None:
+        """Note that every pod event up to `version` has been applied; wake who waits."""
+        if version <= self.version:
+            return
+        self.version = version
+        if self._reached:
+            waiting = self._reached
+            self._reached = [(v, f) for v, f in waiting if v > version]
+            for v, future in waiting:
+                if v <= version and not future.done():
+                    future.set_result(None)
+
+    async def reach(self, version: int, *, within: float) -> bool:
+        """Wait until this view is complete up to `version`, `within` seconds at most;
+        tell whether it is."""
+        if version <= self.version:
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reached.append((version, future))
+        try:
+            await asyncio.wait_for(future, within)
+        except TimeoutError:
+            self._reached = [(v, f) for v, f in self._reached if f is not future]
+            return False
+        return True
 
     def on_change(self, listener: Callable[[str], None]) -> None:
         """Call `listener(namespace)` whenever what a namespace holds or waits for changes."""
@@ -104,11 +155,21 @@ class UsageIndex:
     def forget_seen_before(self, moment: float) -> None:
         """Forget sightings older than `moment`: their reservations have expired anyway."""
         self._seen_at = {uid: at for uid, at in self._seen_at.items() if at >= moment}
+        self._shown_in = {uid: v for uid, v in self._shown_in.items() if uid in self._seen_at}
 
     def observe(
-        self, pod: Mapping[str, Any], policy: Policy, quotas: QuotaConfig, *, now: float
+        self,
+        pod: Mapping[str, Any],
+        policy: Policy,
+        quotas: QuotaConfig,
+        *,
+        now: float,
+        version: int | None = None,
     ) -> None:
-        """Record a pod as it now is: charged if it holds GPUs, dropped if it no longer does."""
+        """Record a pod as it now is: charged if it holds GPUs, dropped if it no longer does.
+
+        `version` is the resourceVersion of the watch event that shows it (None: not shown
+        by a watch event)."""
         metadata = pod.get("metadata") or {}
         uid = metadata.get("uid")
         if not uid:
@@ -116,6 +177,8 @@ class UsageIndex:
         state = pod_state(pod, policy, quotas)
         if not isinstance(state, Waiting):
             self._seen_at.setdefault(uid, now)
+            if version is not None:
+                self._shown_in.setdefault(uid, version)
         self._set_waiting(uid, state if isinstance(state, Waiting) else None)
         holding = state if isinstance(state, Holding) else None
         previous = self._pods.get(uid)
@@ -129,14 +192,17 @@ class UsageIndex:
             self._add(holding, holding.charge)
             self._changed(holding.namespace)
 
-    def forget(self, uid: str, *, now: float | None = None) -> None:
+    def forget(self, uid: str, *, now: float | None = None, version: int | None = None) -> None:
         """Drop a pod that was deleted or finished.
 
         A pod deleted while gated never ran: with `now`, it counts as seen, so a reservation
-        made for it stops counting at once.
+        made for it stops counting at once. `version` is that of the watch event that shows
+        the deletion: the pod's reservation, if any, may then leave the record.
         """
         if now is not None and uid in self._line_of:
             self._seen_at.setdefault(uid, now)
+        if version is not None and uid in self._seen_at:
+            self._shown_in.setdefault(uid, version)
         self._set_waiting(uid, None)
         previous = self._pods.get(uid)
         if previous is not None:
@@ -177,8 +243,11 @@ class UsageIndex:
         *,
         now: float,
         waiting: Mapping[str, Waiting] | None = None,
+        version: int = 0,
     ) -> None:
-        """Put a full re-list in force at once, so no judgement sees a half-filled index."""
+        """Put a full re-list in force at once, so no judgement sees a half-filled index.
+
+        `version` is the list's resourceVersion: the view is complete up to it."""
         sums: dict[str, dict[str, Fraction]] = {}
         members: dict[str, set[str]] = {}
         for uid, holding in holdings.items():
@@ -199,6 +268,8 @@ class UsageIndex:
         self._line_of = {uid: pod.namespace for uid, pod in (waiting or {}).items()}
         for uid in holdings:
             self._seen_at.setdefault(uid, now)
+        self.listed_version = max(self.listed_version, version)
+        self.advance(version)
         for namespace in changed:
             self._changed(namespace)
 

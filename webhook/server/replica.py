@@ -124,6 +124,8 @@ def cluster_app(
         usage_ready=pods.ready,
         metrics=metrics,
         namespace_exists=KnownNamespaces(api).exists,
+        drop_shown=settings.drop_shown_reservations,
+        relist=pods.request_relist,
     )
     export_quota(metrics, ledger.book, holder, usage)
     templates = ClusterTemplates(api, holder)

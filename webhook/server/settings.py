@@ -49,5 +49,8 @@ class Settings:
     lease_seconds: float = 15.0
     """How long the Lease of the replica that releases waiting pods lasts unrenewed: how
     long waiting pods may wait for a new leader when the leader dies."""
+    drop_shown_reservations: bool = False
+    """Take a reservation out of its usage record as soon as the pod watch shows its pod
+    (`webhook.quota.book`); off until no replica older than the watermark is left."""
     identity: str = ""
     """This replica's name in the Lease and its Events (default: host name and a suffix)."""

@@ -19,7 +19,7 @@ from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.readings import quota_readings
-from webhook.quota.reservations import MemoryStore, RecordFull, Reservation
+from webhook.quota.reservations import NO_MARK, Mark, MemoryStore, RecordFull, Reservation
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -289,7 +289,11 @@ class UnreachableStore(MemoryStore):
     """A record store whose apiserver refuses every write, as during an outage."""
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         raise KubeError(0, "connection refused")
 
@@ -313,11 +317,15 @@ class SmallStore(MemoryStore):
         self.room = room
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         if len(reservations) > self.room:
             raise RecordFull(namespace, len(reservations), 1024 * 1024)
-        return await super().write(namespace, reservations, version)
+        return await super().write(namespace, reservations, version, mark)
 
 
 async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empties(

@@ -23,7 +23,14 @@ from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics
 from webhook.quota.book import MAX_ATTEMPTS
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import Conflict, MemoryStore, RecordFull, Reservation
+from webhook.quota.reservations import (
+    NO_MARK,
+    Conflict,
+    Mark,
+    MemoryStore,
+    RecordFull,
+    Reservation,
+)
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 from webhook.reviews.request import AdmissionRequest
 
@@ -845,12 +852,16 @@ class OvertakenStore(MemoryStore):
     overtaken = False
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         if self.overtaken:
             self.conflicts += 1
             raise Conflict(namespace)
-        return await super().write(namespace, reservations, version)
+        return await super().write(namespace, reservations, version, mark)
 
 
 async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_races(
@@ -894,11 +905,15 @@ class FullStore(MemoryStore):
     """A record store with room for no reservation at all."""
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], version: str | None
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
     ) -> str:
         if reservations:
             raise RecordFull(namespace, len(reservations), 1024 * 1024)
-        return await super().write(namespace, reservations, version)
+        return await super().write(namespace, reservations, version, mark)
 
 
 async def test_a_pod_created_behind_the_gate_waits_while_the_record_is_full() -> None:
