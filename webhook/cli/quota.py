@@ -87,6 +87,10 @@ async def cluster_reports(
     from webhook.quota.usage import Holding, pod_state
 
     config = await _config(api, gpuadm_namespace)
+    # The records before the pods: a reservation leaves its record only once a watch has
+    # shown its pod, so every pod whose reservation is gone by now is in the list that
+    # follows; read the other way round, a pod admitted in between would be in neither.
+    records = (await api.list_configmaps(gpuadm_namespace, USAGE_RECORD_LABEL)).items
     holdings: dict[str, Holding] = {}
     waiting: dict[str, Waiting] = {}
     ended: set[str] = set()
@@ -103,7 +107,6 @@ async def cluster_reports(
     reserved: dict[str, list[Reservation]] = {}
     charged: set[str] = set()  # gated pods with a reservation: their gate is about to go
     now = time.time()
-    records = (await api.list_configmaps(gpuadm_namespace, USAGE_RECORD_LABEL)).items
     for config_map in records:
         namespace = str(config_map["metadata"]["labels"][USAGE_RECORD_LABEL])
         live = {
