@@ -14,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,9 @@ from webhook.config.snapshot import revision_of
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
 LEASE_SECONDS = 3
+# The suite runs its replicas as a cluster runs them once every replica honours the usage
+# record's mark: reservations leave the record once their pods are shown (docs/quota.md).
+DROP_SHOWN = ("--drop-shown-reservations",)
 # Every scheduler a backend sends pods to; one kube-scheduler serves them all as profiles.
 SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano", "kai-scheduler")
 
@@ -46,8 +49,18 @@ def make_tls(directory: Path) -> TLSPaths:
 class GpuadmProcess:
     """One `gpuadm serve` in cluster mode, talking to the control plane as admin."""
 
-    def __init__(self, plane: ControlPlane, tls: TLSPaths, workdir: Path, index: int) -> None:
+    def __init__(
+        self,
+        plane: ControlPlane,
+        tls: TLSPaths,
+        workdir: Path,
+        index: int,
+        *,
+        extra_args: Sequence[str] = DROP_SHOWN,
+    ) -> None:
+        """Run replica `index`; `extra_args` go after the suite's own arguments."""
         self.port = free_port()
+        self._extra_args = tuple(extra_args)
         self.log_path = workdir / f"gpuadm-{index}.log"
         self._tls = tls
         self._plane = plane
@@ -74,6 +87,7 @@ class GpuadmProcess:
                 # A dead leader's Lease runs out in 3 s rather than 15, to keep tests short.
                 "--lease-seconds",
                 str(LEASE_SECONDS),
+                *self._extra_args,
                 log=log,
             )
         wait_until_listening(self.process, self.port, self.log_tail)

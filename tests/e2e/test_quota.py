@@ -3,19 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import ssl
+import threading
 import time
 import uuid
 from fractions import Fraction
 
 import aiohttp
 import kubernetes.client
+import orjson
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import GPUADM_USER, ControlPlane
 from tests.e2e.fixtures import Deployment, pod_body
-from tests.e2e.gpuadm import NAMESPACE, put_configmap, wait_until
+from tests.e2e.gpuadm import NAMESPACE, GpuadmProcess, put_configmap, wait_until
 from webhook.kube.client import connect
 from webhook.kube.rest import AsyncApi
 from webhook.quota.configmap_store import (
@@ -290,3 +294,143 @@ def test_the_store_writes_a_record_of_thousands_and_reads_back_each_reservation(
     assert stored.reservations == record
     assert after_delete.version is None
     assert kept == [sorted([tenant, other]), [other], []]
+
+
+# How gpuadm's refusals that a retry may turn around end (docs/troubleshooting.md).
+RETRY_ASKED = re.compile(r"retry( the request)?$")
+# The burst's creates come in waves, so that the replica is stopped while they still come.
+WAVE = 10
+WAVE_SECONDS = 0.5
+# How long a frozen replica stays frozen: longer than the webhook's timeout (5 s as
+# shipped), so the apiserver gives up on the calls it holds.
+FROZEN_SECONDS = 6
+
+
+@pytest.mark.parametrize("how", ["killed", "frozen"])
+def test_a_replica_stopped_in_the_middle_of_a_burst_leaves_exactly_the_pods_that_fit(
+    gpuadm: Deployment, control_plane: ControlPlane, namespace: str, how: str
+) -> None:
+    # 120 creates against room for 40, through three replicas, in waves of 10 every half
+    # second, each retried as clients retry a refusal that asks for it or a failed webhook
+    # call. When a third are answered,
+    # the replica that has written the record most is killed (SIGKILL, and the Service
+    # stops routing to it) or frozen (SIGSTOP for longer than the webhook's timeout, then
+    # SIGCONT: its watch is then far behind the record's mark).
+    gpuadm.set_quotas(quota(namespace, h100=40, a100=1))
+    written = [p.metric("gpuadm_quota_record_bytes_written_total") for p in gpuadm.processes]
+    answered = threading.Event()
+    stopped: list[GpuadmProcess] = []
+    outcomes = {"admitted": 0, "refused": 0, "retried": 0}
+    when: dict[str, float] = {}
+
+    def stop_the_busiest_writer() -> None:
+        answered.wait(timeout=60)
+        now = [p.metric("gpuadm_quota_record_bytes_written_total") for p in gpuadm.processes]
+        busiest = max(range(3), key=lambda i: now[i] - written[i])
+        victim = gpuadm.processes[busiest]
+        when["wrote"] = now[busiest] - written[busiest]
+        stopped.append(victim)
+        assert victim.process is not None
+        if how == "killed":
+            victim.kill()
+            when["answered"] = outcomes["admitted"] + outcomes["refused"]
+            # As a Service stops routing to a pod that no longer answers its probes: not at
+            # once, so that calls meet the dead replica first and fail.
+            time.sleep(1)
+            gpuadm.balancer.route_to([p.port for p in gpuadm.processes if p is not victim])
+        else:
+            victim.process.send_signal(signal.SIGSTOP)
+            when["answered"] = outcomes["admitted"] + outcomes["refused"]
+            time.sleep(FROZEN_SECONDS)
+            victim.process.send_signal(signal.SIGCONT)
+
+    stopper = threading.Thread(target=stop_the_busiest_writer)
+    stopper.start()
+    try:
+        asyncio.run(
+            create_retrying(control_plane, namespace, 120, outcomes, answered=answered, after=40)
+        )
+        stopper.join()
+        stored = {p.metadata.uid for p in gpuadm.core.list_namespaced_pod(namespace).items}
+        print(f"\nreplica {how} mid-burst: {outcomes}, {when}")
+        assert outcomes["admitted"] == 40
+        assert outcomes["refused"] == 80
+        assert len(stored) == 40
+        # Stopped mid-burst, after it had written the record: else the test proves nothing.
+        # (The apiserver retries a call whose connection failed by itself; a frozen replica's
+        # calls time out instead, and the clients retry.)
+        assert when["wrote"] > 0
+        assert when["answered"] < 100
+        if how == "frozen":
+            assert outcomes["retried"] > 0
+        # Once the pods are shown, the next write drops their reservations: each replica's
+        # prune, every 30 s, if nothing else.
+        wait_until(
+            lambda: not reserved(gpuadm, namespace) & stored,
+            "the record to hold no reservation of a stored pod",
+            seconds=75,
+        )
+    finally:
+        stopper.join()
+        for victim in stopped:
+            if how == "killed":
+                victim.start()
+                wait_until(victim.ready, "the killed replica back", victim.log_tail)
+        gpuadm.route(len(gpuadm.processes))
+
+
+def reserved(gpuadm: Deployment, namespace: str) -> set[str]:
+    """Return the uids of the pods the namespace's usage record holds reservations for."""
+    try:
+        record = gpuadm.core.read_namespaced_config_map(record_name(namespace), NAMESPACE)
+    except ApiException as error:
+        if error.status == 404:
+            return set()
+        raise
+    return set(orjson.loads((record.data or {}).get(DATA_KEY) or "{}"))
+
+
+async def create_retrying(
+    plane: ControlPlane,
+    namespace: str,
+    count: int,
+    outcomes: dict[str, int],
+    *,
+    answered: threading.Event,
+    after: int,
+) -> None:
+    """Create `count` one-GPU pods in waves of `WAVE` every `WAVE_SECONDS`; retry each create
+    refused with a request to retry or failed in a webhook call (as a controller does),
+    until it is admitted or refused for quota; count each in `outcomes`. Set `answered` once
+    `after` creates are answered for good."""
+    context = ssl.create_default_context(cafile=plane.ca_file)
+    headers = {"Authorization": f"Bearer {plane.token}"}
+    url = f"{plane.url}/api/v1/namespaces/{namespace}/pods"
+    connector = aiohttp.TCPConnector(ssl=context, limit=count)
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def create(index: int) -> None:
+            body = pod_body({"gpuadm.io/h100": "1"}, name=f"burst-{index}")
+            await asyncio.sleep(index // WAVE * WAVE_SECONDS)
+            for _ in range(200):
+                async with session.post(url, json=body) as response:
+                    message = str((await response.json()).get("message", ""))
+                    if response.status == 201:
+                        outcomes["admitted"] += 1
+                        break
+                    if response.status == 403 and "quota exceeded" in message:
+                        outcomes["refused"] += 1
+                        break
+                    if response.status == 409:  # stored by an earlier try whose answer was lost
+                        outcomes["admitted"] += 1
+                        break
+                    if not (RETRY_ASKED.search(message) or "failed calling webhook" in message):
+                        raise AssertionError(f"{response.status}: {message}")
+                outcomes["retried"] += 1
+                await asyncio.sleep(0.2)
+            else:
+                raise AssertionError(f"burst-{index} was never answered for good")
+            if outcomes["admitted"] + outcomes["refused"] >= after:
+                answered.set()
+
+        await asyncio.gather(*(create(i) for i in range(count)))
