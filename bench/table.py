@@ -274,6 +274,13 @@ def churn_rows(churn: dict[str, Any]) -> list[Row]:
                 note="all etcd stored: pods, records, Leases, GPUQuotas",
             )
         )
+    found.append(
+        context(
+            "largest record during the churn vs 90 s of admissions",
+            churn["largest_record"],
+            churn["rate"] * churn["ttl_seconds"],
+        )
+    )
     written, received = churn["written_bytes"], churn["apiserver_configmap_bytes"]
     found.append(
         Row(
