@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from tests.e2e.gpuadm import (
     wait_for_quotas,
     wait_until,
 )
+from tests.e2e.nodes import Pool, pools_created
 from tests.e2e.scheduling import Scheduler
 
 # Quotas off, said explicitly: an empty document is a rejected edit, never "no quotas".
@@ -96,6 +97,25 @@ class Deployment:
             self.create_pod(namespace, limits, **kwargs)
         message: str = json.loads(refused.value.body)["message"]
         return message
+
+
+@contextlib.contextmanager
+def serving_on_pools(
+    gpuadm: Deployment,
+    core: kubernetes.client.CoreV1Api,
+    scheduler: Scheduler,
+    policy_text: str,
+    pools: Sequence[Pool],
+) -> Iterator[list[str]]:
+    """Serve `policy_text` on node pools made for it, seen by the scheduler; yield the nodes'
+    names; then remove the pools and serve the test policy again."""
+    gpuadm.set_policy(policy_text)
+    try:
+        with pools_created(core, pools) as names:
+            scheduler.wait_until_seen(names[-1])
+            yield names
+    finally:
+        gpuadm.set_policy(POLICY_YAML)
 
 
 def pod_body(

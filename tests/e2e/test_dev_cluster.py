@@ -15,9 +15,8 @@ import kubernetes.config
 import pytest
 import yaml
 
-from tests.builders import POLICY_YAML
-from tests.e2e.fixtures import Deployment
-from tests.e2e.nodes import EXAMPLE_POOLS, nodes_of, pools_created
+from tests.e2e.fixtures import Deployment, serving_on_pools
+from tests.e2e.nodes import EXAMPLE_POOLS, nodes_of
 from tests.e2e.scheduling import Scheduler
 from tests.support import ROOT
 
@@ -29,13 +28,10 @@ def example_cluster(
     gpuadm: Deployment, core_v1: kubernetes.client.CoreV1Api, scheduler: Scheduler
 ) -> Iterator[None]:
     """Serve the example policy on its nodes, as `make dev-cluster` does; then the test policy."""
-    gpuadm.set_policy((EXAMPLES / "policy.yaml").read_text())
-    try:
-        with pools_created(core_v1, EXAMPLE_POOLS) as names:
-            scheduler.wait_until_seen(names[-1])
-            yield
-    finally:
-        gpuadm.set_policy(POLICY_YAML)
+    with serving_on_pools(
+        gpuadm, core_v1, scheduler, (EXAMPLES / "policy.yaml").read_text(), EXAMPLE_POOLS
+    ):
+        yield
 
 
 @pytest.mark.usefixtures("example_cluster")

@@ -17,10 +17,9 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from tests.builders import POLICY_YAML
-from tests.e2e.fixtures import Deployment
+from tests.e2e.fixtures import Deployment, serving_on_pools
 from tests.e2e.gpuadm import wait_until
-from tests.e2e.nodes import KAI_POOLS, nodes_of, pools_created
+from tests.e2e.nodes import KAI_POOLS, nodes_of
 from tests.e2e.scheduling import Scheduler
 
 KAI_POLICY_YAML = """
@@ -50,13 +49,8 @@ def kai_cluster(
     gpuadm: Deployment, core_v1: kubernetes.client.CoreV1Api, scheduler: Scheduler
 ) -> Iterator[None]:
     """Serve the KAI policy on its pools for this module; then the test policy again."""
-    gpuadm.set_policy(KAI_POLICY_YAML)
-    try:
-        with pools_created(core_v1, KAI_POOLS) as names:
-            scheduler.wait_until_seen(names[-1])
-            yield
-    finally:
-        gpuadm.set_policy(POLICY_YAML)
+    with serving_on_pools(gpuadm, core_v1, scheduler, KAI_POLICY_YAML, KAI_POOLS):
+        yield
 
 
 def as_kais_webhook_leaves_it(prefix: str = "kai-test-shared-gpu") -> dict[str, Any]:

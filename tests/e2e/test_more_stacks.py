@@ -8,9 +8,8 @@ from collections.abc import Iterator
 import kubernetes.client
 import pytest
 
-from tests.builders import POLICY_YAML
-from tests.e2e.fixtures import Deployment
-from tests.e2e.nodes import PRESET_POOLS, fits_outside, nodes_of, pools_created
+from tests.e2e.fixtures import Deployment, serving_on_pools
+from tests.e2e.nodes import PRESET_POOLS, fits_outside, nodes_of
 from tests.e2e.scheduling import Scheduler
 
 # One class per preset, with the node labels each stack puts on its nodes (docs/backends.md).
@@ -54,13 +53,8 @@ def preset_cluster(
     gpuadm: Deployment, core_v1: kubernetes.client.CoreV1Api, scheduler: Scheduler
 ) -> Iterator[None]:
     """Serve the preset policy on its pools for this module; then the test policy again."""
-    gpuadm.set_policy(PRESET_POLICY_YAML)
-    try:
-        with pools_created(core_v1, PRESET_POOLS) as names:
-            scheduler.wait_until_seen(names[-1])
-            yield
-    finally:
-        gpuadm.set_policy(POLICY_YAML)
+    with serving_on_pools(gpuadm, core_v1, scheduler, PRESET_POLICY_YAML, PRESET_POOLS):
+        yield
 
 
 # Each `raw` pod asks for its stack's own resources and names its class. It reaches gpuadm only
