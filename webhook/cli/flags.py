@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 DEFAULT_NAMESPACE = "gpuadm-system"
@@ -92,3 +93,20 @@ def add_tls_target(parser: argparse.ArgumentParser) -> None:
         help="name of gpuadm's Mutating- and ValidatingWebhookConfiguration, whose caBundle "
         f"gpuadm keeps (default {WEBHOOK_CONFIGURATION})",
     )
+
+
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
+    """An argparse type: a number of seconds from `low` to `high`."""
+
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(
+                f"{text} is out of range: give {low:g} to {high:g} seconds"
+            )
+        return value
+
+    return seconds

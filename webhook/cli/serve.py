@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
 from pathlib import Path
 
 from webhook.cli import flags
@@ -210,27 +209,10 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
-def _seconds_between(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a number of seconds from `low` to `high`."""
-
-    def seconds(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"{text} is out of range: give {low:g} to {high:g} seconds"
-            )
-        return value
-
-    return seconds
-
-
-_lease_seconds = _seconds_between(1, 3600)
+_lease_seconds = flags.seconds_between(1, 3600)
 # Beyond a minute the kubelet's default grace period (30 s) would kill the replica mid-drain
 # anyway; the chart refuses a grace period under the delay + webhook timeout + 5 s.
-_non_negative_seconds = _seconds_between(0, 60)
+_non_negative_seconds = flags.seconds_between(0, 60)
 
 
 def _self_signed(tls_dir: Path | None) -> tuple[Path, Path]:

@@ -80,7 +80,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     uninstall.add_argument(
         "--settle-seconds",
-        type=_seconds,
+        type=flags.seconds_between(0, 600),
         default=SETTLE_SECONDS,
         help="after deleting the webhook configurations, wait this long for the reviews "
         "already under way before looking for gated pods (default %(default)g)",
@@ -94,16 +94,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     flags.add_kubeconfig(uninstall)
     uninstall.set_defaults(run=run)
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value <= 600:
-        raise argparse.ArgumentTypeError(f"{text} is not between 0 and 600")
-    return value
 
 
 class Uninstalled:
@@ -278,7 +268,7 @@ async def lift_gates(api: AsyncApi, done: Uninstalled) -> None:
     """
     import asyncio
 
-    from policies.queue import remove_gate
+    from policies.queue import is_gated
 
     slots = asyncio.Semaphore(PARALLEL_PATCHES)
 
@@ -292,7 +282,7 @@ async def lift_gates(api: AsyncApi, done: Uninstalled) -> None:
         gated = [
             pod
             for pod in page.items
-            if remove_gate(pod, done.gate)
+            if is_gated(pod, done.gate)
             # A pod being deleted is going, gated or not: it is never scheduled.
             and not (pod.get("metadata") or {}).get("deletionTimestamp")
         ]
