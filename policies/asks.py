@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
+from policies.dra_templates import Held
 from policies.quantity import format_amount, format_bytes
 
 
@@ -57,7 +58,7 @@ class Grant:
     resources: dict[str, int]
     charge: Fraction
     warnings: tuple[str, ...] = ()
-    # For a class whose GPUs come through a ResourceClaim (`dra`): how many devices it holds.
-    devices: int = 0
+    # For a class whose GPUs come through a ResourceClaim (`dra`): what the claim holds.
+    claim: Held | None = None
     # For a class whose stack reads a share from pod annotations (`kai`): those annotations.
     annotations: dict[str, str] = field(default_factory=dict)

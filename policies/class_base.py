@@ -24,7 +24,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.dra_templates import ClaimTemplate
+from policies.dra_templates import ClaimTemplate, Held
 from policies.errors import Denial
 from policies.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
 from policies.pod_view import ContainerView, PodView
@@ -234,13 +234,18 @@ class ClassBase(Model):
         """Return what the admin should know of the class, given the annotations its pods get."""
         return []
 
+    def device_resources(self) -> tuple[str, ...]:
+        """Return the resources with which a pod asks the scheduler itself for whole devices
+        of the class (DRA extended resources): none but for a dra class."""
+        return ()
+
     def device_classes(self) -> frozenset[str]:
         """Return the DeviceClasses the class claims its GPUs from (`claims_devices`)."""
         return frozenset()
 
-    def claim_template(self, class_name: str, count: int) -> ClaimTemplate | None:
-        """Return the ResourceClaimTemplate gpuadm keeps for `count` devices of the class, or
-        None for a class whose GPUs are not claimed."""
+    def claim_template(self, class_name: str, held: Held) -> ClaimTemplate | None:
+        """Return the ResourceClaimTemplate gpuadm keeps for claims of the class that hold
+        `held`, or None for a class whose GPUs are not claimed (or that gives no such share)."""
         return None
 
     def check_containers(
@@ -324,6 +329,8 @@ def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) ->
         return None
     granted = [describe_resources(grant.resources)] if grant.resources else []
     granted += [f"annotation {key}: {value}" for key, value in grant.annotations.items()]
+    if grant.claim is not None:
+        granted.append(f"a claim for {grant.claim.describe()}")
     return (
         f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
         f"({', '.join(granted)}); quota is charged {format_amount(grant.charge)}"

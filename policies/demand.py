@@ -14,7 +14,14 @@ from typing import Any, Literal, NamedTuple
 
 from policies.asks import Ask, MemoryShare, Share, Whole
 from policies.class_base import ClassBase
-from policies.dra_templates import entry_name, is_entry_name, parse_template_name
+from policies.dra_templates import (
+    DEVICE_CLASS_RESOURCE_PREFIX,
+    PORTIONS,
+    Held,
+    entry_name,
+    is_entry_name,
+    parse_template_name,
+)
 from policies.errors import Denial
 from policies.pod_shape import clipped, shown
 from policies.pod_view import ContainerView, PodView
@@ -50,9 +57,16 @@ class ClaimedDevices(NamedTuple):
     """What a container's claim of gpuadm's holds, as its template's name says."""
 
     class_name: str
-    devices: int
+    held: Held
     template: str
     entry: str
+
+    @property
+    def ask(self) -> Ask:
+        """Return the ask that the claim answers: whole devices, or a share of one."""
+        if self.held.portion:
+            return Share(Fraction(self.held.portion, PORTIONS))
+        return Whole(self.held.devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +268,7 @@ def _claimed(
                 f"{ref}: ResourceClaimTemplate {template} was written for class "
                 f"{parsed.class_name}, which is not a dra class of the policy"
             )
-        held = ClaimedDevices(parsed.class_name, parsed.devices, template, name)
+        held = ClaimedDevices(parsed.class_name, parsed.held, template, name)
     return held
 
 
@@ -340,16 +354,29 @@ def _container_demand(
         ask = _class_ask(item, class_name, gpu_class)
         return ContainerDemand(ref, ask, replaced_keys=frozenset(item.class_values))
     if item.claimed is not None:
-        return ContainerDemand(ref, Whole(item.claimed.devices), claimed=item.claimed)
-    if set(item.raw) == {STANDARD_GPU}:
-        count = item.raw[STANDARD_GPU]
+        return ContainerDemand(ref, item.claimed.ask, claimed=item.claimed)
+    whole = _whole_devices(item.raw, gpu_class)
+    if whole is not None:
+        count = item.raw[whole]
         if count.denominator != 1 or count < 0:
             raise Denial(
-                f"{ref}: {STANDARD_GPU}: {format_amount(count)} is not a whole number of GPUs; "
+                f"{ref}: {whole}: {format_amount(count)} is not a whole number of GPUs; "
                 f"ask for a share as {policy.domain}/{class_name}: {format_amount(count)}"
             )
-        return ContainerDemand(ref, Whole(int(count)), replaced_keys=frozenset({STANDARD_GPU}))
+        return ContainerDemand(ref, Whole(int(count)), replaced_keys=frozenset({whole}))
     for name, amount in item.raw.items():
+        if name in gpu_class.device_resources():
+            raise Denial(
+                f"{ref} asks for whole GPUs of class {class_name} through {name} and through "
+                f"{', '.join(sorted(set(item.raw) - {name}))} too; ask through one of them"
+            )
+        if name.startswith(DEVICE_CLASS_RESOURCE_PREFIX) and not gpu_class.owns(name):
+            raise Denial(
+                f"{ref}: {name} asks the scheduler for devices of DeviceClass "
+                f"{name.removeprefix(DEVICE_CLASS_RESOURCE_PREFIX)}, which class {class_name} "
+                f"does not claim from; ask for {policy.domain}/<class> instead (classes on that "
+                f"DeviceClass: {_classes_on(name, policy)})"
+            )
         if not gpu_class.owns(name):
             uses = ", ".join(sorted(gpu_class.resource_names())) or (
                 f"no extended resources (ask for {policy.domain}/{class_name})"
@@ -361,6 +388,22 @@ def _container_demand(
         if amount.denominator != 1 or amount < 0:
             raise Denial(f"{ref}: {name}: {format_amount(amount)} must be a whole number")
     return ContainerDemand(ref, None, raw=dict(item.raw))
+
+
+def _whole_devices(raw: Mapping[str, Fraction], gpu_class: ClassBase) -> str | None:
+    """Return the one raw resource of a container that asks for whole GPUs of its class by
+    name alone (`nvidia.com/gpu`, or a DRA extended resource of a dra class), else None."""
+    if len(raw) != 1:
+        return None
+    (name,) = raw
+    if name == STANDARD_GPU or name in gpu_class.device_resources():
+        return name
+    return None
+
+
+def _classes_on(resource: str, policy: Policy) -> str:
+    found = [name for name, c in policy.classes.items() if resource in c.device_resources()]
+    return ", ".join(sorted(found)) or "none"
 
 
 def _class_ask(item: _Found, class_name: str, gpu_class: ClassBase) -> Ask:

@@ -1,8 +1,10 @@
 """gpuadm's ResourceClaimTemplates, and the names that say what they hold.
 
 A pod of a `dra` class (`policies.backends.dra`) gets its GPUs from a ResourceClaimTemplate
-that gpuadm keeps, one per class and device count, named for what it holds:
-`gpuadm-<class>-<count>-<digest>`, where the digest is that of the template's spec. A pod
+that gpuadm keeps, one per class and what a claim holds, named for it:
+`gpuadm-<class>-<count>-<digest>` for `count` whole devices, `gpuadm-<class>-p<portion>-<digest>`
+for a share of one device sized at `portion` hundredths of it, where the digest is that of the
+template's spec. A pod
 names a template under an entry of `spec.resourceClaims` that is gpuadm's too
 (`gpuadm-c<index>` for the app container at that index, `gpuadm-i<index>` for an init
 container), and its container lists the entry in `resources.claims`. The name alone tells
@@ -25,12 +27,47 @@ TEMPLATE_PREFIX = "gpuadm-"
 ENTRY_PREFIX = "gpuadm-"
 _ENTRY = re.compile(r"^gpuadm-(?P<kind>[ci])(?P<index>0|[1-9][0-9]{0,4})$")
 _TEMPLATE = re.compile(
-    r"^gpuadm-(?P<class>[a-z0-9-]+)-(?P<count>[1-9][0-9]{0,3})-(?P<digest>[0-9a-f]{10})$"
+    r"^gpuadm-(?P<class>[a-z0-9-]+)-(?:(?P<count>[1-9][0-9]{0,3})|p(?P<portion>[1-9][0-9]?))"
+    r"-(?P<digest>[0-9a-f]{10})$"
 )
 # What one request of a template is called; the claim's allocation names it.
 REQUEST_NAME = "gpu"
 # The device classes of NVIDIA's DRA driver: whole GPUs and MIG slices.
 NVIDIA_DEVICE_CLASSES = ("gpu.nvidia.com", "mig.nvidia.com")
+
+
+# A share of a device is sized in hundredths of it, as its template's name says.
+PORTIONS = 100
+# The resource with which a pod asks the scheduler itself for devices of a DeviceClass
+# (Kubernetes' DRA extended resources, alpha `DRAExtendedResource` in 1.34): this prefix and
+# the class's name, unless the DeviceClass names another in `extendedResourceName`.
+DEVICE_CLASS_RESOURCE_PREFIX = "deviceclass.resource.kubernetes.io/"
+
+
+class Held(NamedTuple):
+    """What one claim of gpuadm's holds: `devices` whole devices, or, when `portion` is set,
+    a share of one device sized at `portion` hundredths of it."""
+
+    devices: int
+    portion: int = 0
+
+    @classmethod
+    def share(cls, portion: int) -> Held:
+        """Return a share of one device, `portion` hundredths of it (1 to 99)."""
+        if not 0 < portion < PORTIONS:
+            raise ValueError(f"a share is 1 to {PORTIONS - 1} hundredths, not {portion}")
+        return cls(1, portion)
+
+    def describe(self) -> str:
+        """Say what the claim holds, as a message would."""
+        if self.portion:
+            return f"{self.portion} hundredths of one device"
+        return f"{self.devices} device{'s' if self.devices != 1 else ''}"
+
+    @property
+    def label(self) -> str:
+        """Return what a template's name says of it: `2`, or `p50`."""
+        return f"p{self.portion}" if self.portion else str(self.devices)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,14 +76,15 @@ class ClaimTemplate:
 
     name: str
     class_name: str
-    count: int
+    held: Held
     spec: dict[str, Any]
 
     @classmethod
-    def named_for(cls, class_name: str, count: int, spec: dict[str, Any]) -> ClaimTemplate:
-        """Return the template of `count` devices of a class, named for what it holds."""
+    def named_for(cls, class_name: str, held: Held, spec: dict[str, Any]) -> ClaimTemplate:
+        """Return the template of a class that holds `held`, named for what it holds."""
         digest = hashlib.sha256(orjson.dumps(spec, option=orjson.OPT_SORT_KEYS)).hexdigest()
-        return cls(f"{TEMPLATE_PREFIX}{class_name}-{count}-{digest[:10]}", class_name, count, spec)
+        name = f"{TEMPLATE_PREFIX}{class_name}-{held.label}-{digest[:10]}"
+        return cls(name, class_name, held, spec)
 
     def manifest(self, namespace: str, *, labels: Mapping[str, str]) -> dict[str, Any]:
         """Return the template as stored in `namespace`, with gpuadm's `labels`."""
@@ -59,10 +97,10 @@ class ClaimTemplate:
 
 
 class TemplateName(NamedTuple):
-    """What the name of one of gpuadm's templates says: the class and the device count."""
+    """What the name of one of gpuadm's templates says: the class and what a claim holds."""
 
     class_name: str
-    devices: int
+    held: Held
 
 
 def parse_template_name(name: str) -> TemplateName | None:
@@ -70,7 +108,9 @@ def parse_template_name(name: str) -> TemplateName | None:
     match = _TEMPLATE.match(name)
     if match is None:
         return None
-    return TemplateName(match["class"], int(match["count"]))
+    if match["portion"] is not None:
+        return TemplateName(match["class"], Held.share(int(match["portion"])))
+    return TemplateName(match["class"], Held(int(match["count"])))
 
 
 def entry_name(kind: str, index: int) -> str:

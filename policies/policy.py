@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from policies.backends import BACKENDS, GpuClass
 from policies.class_base import ClassBase, Model, NamespaceName
-from policies.dra_templates import NVIDIA_DEVICE_CLASSES
+from policies.dra_templates import DEVICE_CLASS_RESOURCE_PREFIX, NVIDIA_DEVICE_CLASSES
 from policies.models import ClassModel
 
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -197,6 +197,9 @@ class Policy(Model):
         for gpu_class in self.classes.values():
             names.update(gpu_class.resource_names())
             prefixes.update(prefix for prefix in gpu_class.resource_prefixes() if prefix)
+        # A pod may ask the scheduler itself for the devices of a DeviceClass (DRA extended
+        # resources): those of a GPU DeviceClass are GPU resources like any stack's.
+        names.update(DEVICE_CLASS_RESOURCE_PREFIX + name for name in self.gpu_device_class_names)
         return _Lookup(
             keys,
             frozenset(names),

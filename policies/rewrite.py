@@ -17,7 +17,7 @@ import orjson
 from policies.asks import Grant
 from policies.class_base import ClassBase, rounding_warning
 from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_demand, read_demand
-from policies.dra_templates import ClaimTemplate, entry_name, is_entry_name
+from policies.dra_templates import ClaimTemplate, Held, entry_name, is_entry_name
 from policies.errors import Denial
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.pod_shape import REQUIRED, check_metadata, check_pod, shown
@@ -100,9 +100,9 @@ def plan(
             requests.update(grant.annotations)
             requests.update(demand.gpu_class.request_container_annotations(container.ref.name))
         entry = None
-        if grant.devices:
+        if grant.claim is not None:
             entry = entry_name(container.ref.kind, container.ref.index)
-            templates[entry] = _claim_template(demand, grant.devices)
+            templates[entry] = _claim_template(demand, grant.claim)
         resources = resources_of[container.ref.kind, container.ref.index]
         rewritten = _rewrite_resources(resources, container, grant, entry)
         if rewritten != resources:
@@ -226,8 +226,8 @@ def _pod_charge(demand: PodDemand, charges: list[tuple[ContainerRef, Fraction]])
     return effective_demand(charges)
 
 
-def _claim_template(demand: PodDemand, devices: int) -> ClaimTemplate:
-    template = demand.gpu_class.claim_template(demand.class_name, devices)
+def _claim_template(demand: PodDemand, held: Held) -> ClaimTemplate:
+    template = demand.gpu_class.claim_template(demand.class_name, held)
     assert template is not None  # only a class that claims its devices grants them
     return template
 

@@ -3,6 +3,26 @@
 A `dra` class is given to a container as a claim for whole devices of the class's
 DeviceClass, selected by CEL on the driver's `productName` attribute (and any selectors the
 admin adds), from a ResourceClaimTemplate that gpuadm keeps (`policies.dra_templates`).
+
+With `sharing`, a share of one device is a claim for part of its capacity (Kubernetes'
+consumable capacity, KEP-5075: alpha `DRAConsumableCapacity` in 1.34). A driver publishes a
+device that several claims may hold (`allowMultipleAllocations`) with capacities such as
+`memory`; a claim asks for an amount of each (`capacity.requests`), and the scheduler places
+claims on one device while their amounts fit. gpuadm sizes a share in hundredths of a device,
+asks that part of every capacity the class lists, rounded up to the capacity's step, and
+charges the largest part it asked of any.
+
+What the drivers do, from their own code (docs/backends.md names each file):
+
+- NVIDIA's DRA driver shares a device between claims only with `--consumable-shares`
+  (feature gate `ConsumableShares`, its main branch): capacity `memory` in bytes, step 1Mi,
+  and, with a number of shares, the capacity `shares`. Time-slicing between those claims is
+  its opaque `GpuConfig` (gate `TimeSlicingSettings`), identical for every claim on a
+  device. MPS it refuses beside consumable shares, and its released versions share a device
+  (by MPS or time-slicing) only among the consumers of one claim: so no class here shares
+  by MPS.
+- HAMi's DRA driver (`hami-core-gpu.project-hami.io`) publishes `cores` (100, step 1) and
+  `memory` (bytes, step 1Mi) on every device, and HAMi-core holds each claim to them.
 """
 
 from __future__ import annotations
@@ -10,25 +30,152 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from fractions import Fraction
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from policies.asks import Ask, Grant, Whole
-from policies.class_base import ClassBase
-from policies.dra_templates import REQUEST_NAME, ClaimTemplate
+from policies.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.class_base import ClassBase, Model, ResourceName
+from policies.dra_templates import (
+    DEVICE_CLASS_RESOURCE_PREFIX,
+    PORTIONS,
+    REQUEST_NAME,
+    ClaimTemplate,
+    Held,
+)
 from policies.errors import Denial
 from policies.models import dra_selector
+from policies.quantity import MiB, QuantityError, ceil_div, format_bytes, parse_quantity
 
 # A DNS label, as a DeviceClass name and a driver name are made of.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# A device capacity's name (resource.k8s.io QualifiedName): a C identifier of at most 32
+# characters, with an optional DNS-subdomain prefix and '/'.
+_CAPACITY_NAME = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 # A claim's allocation holds at most this many devices (resource.k8s.io/v1
 # AllocationResultsMaxSize): the scheduler cannot allocate a claim for more.
 MAX_DEVICES = 32
+# NVIDIA's driver: the opaque configuration a claim carries (api/nvidia.com/resource/v1beta1).
+NVIDIA_CONFIG_VERSION = "resource.nvidia.com/v1beta1"
+TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
+
+
+def _amount(value: object) -> Fraction:
+    try:
+        amount = parse_quantity(value)
+    except QuantityError as error:
+        raise ValueError(str(error)) from None
+    if amount <= 0 or amount.denominator != 1:
+        raise ValueError(f"{value!r} must be a positive whole amount such as 80Gi or 100")
+    return amount
+
+
+Amount = Annotated[Fraction, BeforeValidator(_amount)]
+
+
+class Capacity(Model):
+    """One capacity a device of the class publishes: all of it, and the step a claim's
+    request of it is rounded up to."""
+
+    value: Amount
+    # None: 1Mi for `memory` (what NVIDIA's and HAMi's drivers step memory by), else 1.
+    step: Amount | None = None
+
+
+def _capacity(value: object) -> object:
+    # `memory: 80Gi` is short for `memory: {value: 80Gi}`.
+    return {"value": value} if isinstance(value, str | int | float) else value
+
+
+class Sharing(Model):
+    """How a `dra` class shares one device between pods: by consumable capacity, with
+    NVIDIA's time-slicing or without."""
+
+    strategy: Literal["capacity", "time-slicing", "mps"]
+    # What one device of the class publishes, by capacity name: a share asks its part of
+    # each. A capacity the device has and this leaves out, a share would hold whole.
+    capacity: dict[str, Annotated[Capacity, BeforeValidator(_capacity)]]
+    # time-slicing: NVIDIA's time slice (`timeSlicingConfig.interval`).
+    interval: Literal["Default", "Short", "Medium", "Long"] | None = None
+
+    @field_validator("strategy")
+    @classmethod
+    def _no_mps(cls, strategy: str) -> str:
+        if strategy == "mps":
+            raise ValueError(
+                "mps cannot share a device between pods: NVIDIA's DRA driver runs one MPS "
+                "server per claim and refuses MPS beside consumable shares, so only the "
+                "containers of one claim share by MPS; use capacity or time-slicing"
+            )
+        return strategy
+
+    @field_validator("capacity")
+    @classmethod
+    def _capacities(cls, capacity: dict[str, Capacity]) -> dict[str, Capacity]:
+        if not capacity:
+            raise ValueError(
+                "lists no capacity; give what one device publishes, e.g. {memory: 80Gi}"
+            )
+        for name, entry in capacity.items():
+            if not _CAPACITY_NAME.match(name):
+                raise ValueError(
+                    f"{name!r} is not a device capacity name such as memory or cores (a C "
+                    "identifier of at most 32 characters, optionally after a DNS prefix and /)"
+                )
+            step = _step(name, entry)
+            if entry.value % step:
+                raise ValueError(
+                    f"{name}: {format_bytes(entry.value)} is not a whole number of steps of "
+                    f"{format_bytes(step)}"
+                )
+        return capacity
+
+    @model_validator(mode="after")
+    def _interval_for_time_slicing(self) -> Sharing:
+        if self.interval is not None and self.strategy != "time-slicing":
+            raise ValueError(f"interval is for strategy time-slicing, not {self.strategy}")
+        return self
+
+    def requests(self, portion: int) -> dict[str, Fraction]:
+        """Return what a share of `portion` hundredths asks of each capacity."""
+        asked = {}
+        for name, entry in self.capacity.items():
+            step = _step(name, entry)
+            asked[name] = ceil_div(entry.value * portion / PORTIONS, step) * step
+        return asked
+
+    def charge(self, portion: int) -> Fraction:
+        """Return the part of one device a share of `portion` hundredths holds: the largest
+        part of any capacity it asks."""
+        asked = self.requests(portion)
+        return max(asked[name] / entry.value for name, entry in self.capacity.items())
+
+    def opaque_config(self, driver: str) -> list[dict[str, Any]]:
+        """Return the `devices.config` a share's claim carries for the driver, if any."""
+        if self.strategy != "time-slicing":
+            return []
+        parameters = {
+            "apiVersion": NVIDIA_CONFIG_VERSION,
+            "kind": "GpuConfig",
+            "sharing": {
+                "strategy": "TimeSlicing",
+                "timeSlicingConfig": {"interval": self.interval or "Default"},
+            },
+        }
+        return [
+            {"requests": [REQUEST_NAME], "opaque": {"driver": driver, "parameters": parameters}}
+        ]
+
+
+def _step(name: str, entry: Capacity) -> Fraction:
+    if entry.step is not None:
+        return entry.step
+    return Fraction(MiB) if name.rpartition("/")[2] == "memory" else Fraction(1)
 
 
 class DraClass(ClassBase):
-    """Whole GPUs of a DeviceClass, allocated by the scheduler through a ResourceClaim."""
+    """GPUs of a DeviceClass, allocated by the scheduler through a ResourceClaim: whole
+    devices, or with `sharing` a share of one."""
 
     uses_memory: ClassVar[bool] = False
     holds_for_pod_lifetime: ClassVar[bool] = True
@@ -39,6 +186,10 @@ class DraClass(ClassBase):
     driver: str = "gpu.nvidia.com"
     # More CEL selectors, ANDed with the one on `models`: e.g. on memory capacity.
     selectors: list[str] = Field(default_factory=list)
+    # The DeviceClass's own `extendedResourceName`, if it sets one (NVIDIA's chart sets
+    # `nvidia.com/gpu`): a pod that asks for it gets whole devices of the class.
+    extended_resource_name: ResourceName | None = None
+    sharing: Sharing | None = None
 
     @field_validator("device_class_name", "driver")
     @classmethod
@@ -56,44 +207,81 @@ class DraClass(ClassBase):
         return selectors
 
     def resource_names(self) -> frozenset[str]:
-        return frozenset()
+        return frozenset(self.device_resources())
+
+    def device_resources(self) -> tuple[str, ...]:
+        """Return the resources with which a pod asks the scheduler itself for whole devices
+        of the class's DeviceClass (DRA extended resources)."""
+        implicit = DEVICE_CLASS_RESOURCE_PREFIX + self.device_class_name
+        if self.extended_resource_name is None:
+            return (implicit,)
+        return (implicit, self.extended_resource_name)
 
     def gfd_products(self) -> list[str]:
         # The claim's selector picks the model; the pod needs no node affinity for it.
         return []
 
-    def grant(self, ask: Ask) -> Grant:
-        if not isinstance(ask, Whole):
+    def _memory(self) -> Fraction:
+        capacity = self.sharing.capacity.get("memory") if self.sharing else None
+        if capacity is None:
             raise Denial(
-                f"asks for {ask.describe()}, but backend dra gives whole GPUs only: a DRA "
-                "driver shares a device between the containers of one claim, not between "
-                "pods; ask for 1 or more"
+                "asks for GPU memory, but the class's sharing.capacity lists no memory to "
+                "size a share with"
             )
+        return capacity.value
+
+    def grant(self, ask: Ask) -> Grant:
+        if isinstance(ask, Share | MemoryShare):
+            return self._share(ask)
         if ask.count > MAX_DEVICES:
             raise Denial(f"asks for {ask.describe()}; a claim holds at most {MAX_DEVICES} devices")
         warnings: tuple[str, ...] = ()
         if ask.memory_cap is not None:
             warnings = ("backend dra cannot cap GPU memory: the memory request is ignored",)
-        return Grant({}, Fraction(ask.count), warnings, devices=ask.count)
+        return Grant({}, Fraction(ask.count), warnings, claim=Held(ask.count))
+
+    def _share(self, ask: Share | MemoryShare) -> Grant:
+        if self.sharing is None:
+            raise Denial(
+                f"asks for {ask.describe()}, but the class gives whole GPUs only: it sets no "
+                "`sharing`, and a DRA driver shares a device between pods only by consumable "
+                "capacity; ask for 1 or more"
+            )
+        portion = ceil_div(self._share_fraction(ask) * PORTIONS, 1)
+        if portion >= PORTIONS:
+            return self.grant(Whole(1))
+        return Grant({}, self.sharing.charge(portion), claim=Held.share(portion))
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
+        # Only `device_resources` are raw resources of the class, read as whole devices.
         return Fraction(0)
 
-    def claim_spec(self, count: int) -> dict[str, Any]:
-        """Return the ResourceClaimSpec of a claim for `count` devices of the class."""
+    def claim_spec(self, held: Held) -> dict[str, Any]:
+        """Return the ResourceClaimSpec of a claim that holds `held` of the class."""
         expressions = [dra_selector(self.models, driver=self.driver)] if self.models else []
         expressions += self.selectors
         exactly: dict[str, Any] = {
             "deviceClassName": self.device_class_name,
             "allocationMode": "ExactCount",
-            "count": count,
+            "count": held.devices,
         }
         if expressions:
             exactly["selectors"] = [{"cel": {"expression": e}} for e in expressions]
-        return {"devices": {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}}
+        devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
+        if held.portion:
+            assert self.sharing is not None  # only a sharing class grants a share
+            asked = self.sharing.requests(held.portion)
+            exactly["capacity"] = {
+                "requests": {name: format_bytes(amount) for name, amount in asked.items()}
+            }
+            if config := self.sharing.opaque_config(self.driver):
+                devices["config"] = config
+        return {"devices": devices}
 
     def device_classes(self) -> frozenset[str]:
         return frozenset({self.device_class_name})
 
-    def claim_template(self, class_name: str, count: int) -> ClaimTemplate:
-        return ClaimTemplate.named_for(class_name, count, self.claim_spec(count))
+    def claim_template(self, class_name: str, held: Held) -> ClaimTemplate | None:
+        if held.portion and self.sharing is None:
+            return None  # a share written while the class shared; it shares no longer
+        return ClaimTemplate.named_for(class_name, held, self.claim_spec(held))

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from policies import Denial, Policy, load_policy
 from policies.backends.dra import DraClass
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
-from policies.dra_templates import requested_device_classes
+from policies.dra_templates import Held, requested_device_classes
 from tests.builders import POLICY_YAML, pod
 
 # A policy whose dra class has a DeviceClass of its own, and that lists one more GPU class.
@@ -162,7 +162,7 @@ def test_gpuadms_own_template_is_refused_to_anyone_else() -> None:
     policy = load_policy(POLICY_YAML + "  b200:\n    backend: dra\n")
     b200 = policy.classes["b200"]
     assert isinstance(b200, DraClass)
-    manifest = b200.claim_template("b200", 2).manifest(
+    manifest = b200.claim_template("b200", Held(2)).manifest(
         "team-x", labels={"app.kubernetes.io/managed-by": "gpuadm"}
     )
     with pytest.raises(Denial) as denied:

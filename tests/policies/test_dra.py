@@ -25,6 +25,7 @@ from policies import (
 from policies.backends.dra import DraClass
 from policies.dra_templates import (
     ClaimTemplate,
+    Held,
     TemplateName,
     entry_name,
     is_entry_name,
@@ -59,7 +60,7 @@ def dra_class(policy: Policy, name: str) -> DraClass:
 
 
 def template_of(count: int, class_name: str = "b200", policy: Policy = DRA_POLICY) -> ClaimTemplate:
-    return dra_class(policy, class_name).claim_template(class_name, count)
+    return dra_class(policy, class_name).claim_template(class_name, Held(count))
 
 
 def b200_spec(count: int) -> dict[str, Any]:
@@ -129,8 +130,9 @@ def test_a_dra_class_loads_with_nvidias_device_class_and_driver() -> None:
     assert b200.driver == "gpu.nvidia.com"
     assert b200.selectors == [MEMORY_SELECTOR]
     assert dra_class(DRA_POLICY, "any-gpu").selectors == []
-    # Its GPUs come through claims: no extended resource, and no node affinity from `models`.
-    assert b200.resource_names() == frozenset()
+    # Its GPUs come through claims: no extended resource but the DeviceClass's own (DRA
+    # extended resources), and no node affinity from `models`.
+    assert b200.resource_names() == {"deviceclass.resource.kubernetes.io/gpu.nvidia.com"}
     assert b200.node_expressions == []
     assert b200.scheduler is None
     assert DRA_POLICY.gpu_device_class_names == {"gpu.nvidia.com", "mig.nvidia.com"}
@@ -260,10 +262,10 @@ def test_a_dra_ask_becomes_gpuadms_claim_in_the_container() -> None:
 def test_the_template_requests_exactly_the_count_of_the_classs_devices() -> None:
     (template,) = plan(pod({"gpuadm.io/b200": "2"}), DRA_POLICY).claim_templates
     assert template.class_name == "b200"
-    assert template.count == 2
+    assert template.held == Held(2)
     assert template.spec == b200_spec(2)
     assert template.name == f"gpuadm-b200-2-{digest_of(b200_spec(2))}"
-    assert parse_template_name(template.name) == TemplateName("b200", 2)
+    assert parse_template_name(template.name) == TemplateName("b200", Held(2))
 
 
 def test_a_dra_class_without_models_or_selectors_asks_for_any_device_of_its_class() -> None:
@@ -284,7 +286,7 @@ def test_a_dra_class_without_models_or_selectors_asks_for_any_device_of_its_clas
     }
     assert template.spec == spec
     assert template.name == f"gpuadm-any-gpu-1-{digest_of(spec)}"
-    assert parse_template_name(template.name) == TemplateName("any-gpu", 1)
+    assert parse_template_name(template.name) == TemplateName("any-gpu", Held(1))
 
 
 def test_the_template_manifest_is_a_resource_claim_template_of_the_namespace() -> None:
@@ -424,17 +426,20 @@ def test_an_entry_of_gpuadms_that_no_container_lists_is_denied() -> None:
     [
         pytest.param(
             {"gpuadm.io/b200": "0.5"},
-            'container "main" asks for a share of 0.5, but backend dra gives whole GPUs only',
+            'container "main" asks for a share of 0.5, but the class gives whole GPUs only: '
+            "it sets no `sharing`",
             id="share",
         ),
         pytest.param(
             {"gpuadm.io/b200": "250m"},
-            'container "main" asks for a share of 0.25, but backend dra gives whole GPUs only',
+            'container "main" asks for a share of 0.25, but the class gives whole GPUs only: '
+            "it sets no `sharing`",
             id="share-in-millis",
         ),
         pytest.param(
             {"gpuadm.io/b200-memory": "10Gi"},
-            'container "main" asks for 10Gi of GPU memory, but backend dra gives whole GPUs only',
+            'container "main" asks for 10Gi of GPU memory, but the class gives whole GPUs only: '
+            "it sets no `sharing`",
             id="memory",
         ),
     ],
@@ -525,7 +530,7 @@ def test_the_template_name_differs_by_count_and_class() -> None:
     names |= {template_of(n, "any-gpu").name for n in (1, 2, 3)}
     assert len(names) == 6
     for count in (1, 2, 3):
-        assert parse_template_name(template_of(count).name) == TemplateName("b200", count)
+        assert parse_template_name(template_of(count).name) == TemplateName("b200", Held(count))
 
 
 def test_a_stale_template_name_is_charged_by_its_name_and_rewritten_to_todays() -> None:
@@ -777,9 +782,19 @@ def test_a_claim_field_of_the_wrong_type_is_denied_naming_it(
 @pytest.mark.parametrize(
     ("name", "parsed"),
     [
-        pytest.param("gpuadm-b200-2-0123456789", TemplateName("b200", 2), id="plain"),
-        pytest.param("gpuadm-a-1-2-abcdef0123", TemplateName("a-1", 2), id="class-with-digits"),
-        pytest.param("gpuadm-h100-9999-0123456789", TemplateName("h100", 9999), id="4-digits"),
+        pytest.param("gpuadm-b200-2-0123456789", TemplateName("b200", Held(2)), id="plain"),
+        pytest.param(
+            "gpuadm-a-1-2-abcdef0123", TemplateName("a-1", Held(2)), id="class-with-digits"
+        ),
+        pytest.param(
+            "gpuadm-h100-9999-0123456789", TemplateName("h100", Held(9999)), id="4-digits"
+        ),
+        pytest.param("gpuadm-h100-p50-0123456789", TemplateName("h100", Held(1, 50)), id="share"),
+        pytest.param("gpuadm-h100-p1-0123456789", TemplateName("h100", Held(1, 1)), id="share-1"),
+        pytest.param("gpuadm-h-p5-p99-0123456789", TemplateName("h-p5", Held(1, 99)), id="p-class"),
+        pytest.param("gpuadm-h100-p0-0123456789", None, id="share-0"),
+        pytest.param("gpuadm-h100-p100-0123456789", None, id="share-100"),
+        pytest.param("gpuadm-h100-p05-0123456789", None, id="share-leading-zero"),
         pytest.param("gpuadm-h100-10000-0123456789", None, id="5-digit-count"),
         pytest.param("gpuadm-h100-0-0123456789", None, id="zero-count"),
         pytest.param("gpuadm-h100-01-0123456789", None, id="leading-zero"),

@@ -198,7 +198,7 @@ class ClusterTemplates:
         parsed = parse_template_name(name)
         gpu_class = policy.classes.get(parsed.class_name) if parsed else None
         template = (
-            gpu_class.claim_template(parsed.class_name, parsed.devices)
+            gpu_class.claim_template(parsed.class_name, parsed.held)
             if gpu_class is not None and parsed is not None
             else None
         )

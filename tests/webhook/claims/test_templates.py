@@ -11,6 +11,7 @@ import pytest
 
 from policies import load_policy
 from policies.backends.dra import DraClass
+from policies.dra_templates import Held
 from webhook.claims.templates import CONFIRMED_SECONDS, ClaimError, ClusterTemplates
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
@@ -19,7 +20,7 @@ from webhook.kube.rest import AsyncApi
 POLICY = load_policy("classes:\n  h100: {backend: dra, models: [NVIDIA H100 80GB HBM3]}\n")
 GPU_CLASS = POLICY.classes["h100"]
 assert isinstance(GPU_CLASS, DraClass)
-TEMPLATE = GPU_CLASS.claim_template("h100", 1)
+TEMPLATE = GPU_CLASS.claim_template("h100", Held(1))
 
 
 class Api:
@@ -76,7 +77,9 @@ async def test_a_template_another_replica_made_first_is_as_good_as_one_made_here
     "existing",
     [
         pytest.param({**OURS, "metadata": {"name": TEMPLATE.name}}, id="without-gpuadms-label"),
-        pytest.param({**OURS, "spec": {"spec": GPU_CLASS.claim_spec(8)}}, id="with-another-spec"),
+        pytest.param(
+            {**OURS, "spec": {"spec": GPU_CLASS.claim_spec(Held(8))}}, id="with-another-spec"
+        ),
     ],
 )
 async def test_a_template_under_gpuadms_name_that_is_not_gpuadms_is_not_used(

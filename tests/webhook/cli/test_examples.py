@@ -38,7 +38,11 @@ STORED = {
 
 def test_every_backend_has_an_example() -> None:
     examples = {p.stem for p in BACKEND_EXAMPLES.glob("*.yaml")} - {"policy"}
-    assert examples == {backend.backend_name() for backend in BACKENDS}
+    backends = {backend.backend_name() for backend in BACKENDS}
+    assert backends <= examples
+    # Others show a variant of one backend: `<backend>-<variant>.yaml`.
+    for variant in examples - backends:
+        assert any(variant.startswith(f"{name}-") for name in backends), variant
 
 
 def test_the_backends_policy_is_valid(capsys: pytest.CaptureFixture[str]) -> None:
@@ -65,6 +69,25 @@ def test_the_dra_example_gets_a_claim_from_a_template(capsys: pytest.CaptureFixt
     assert claim["resourceClaimTemplateName"].startswith("gpuadm-h100-dra-1-")
     (template,) = result["claimTemplates"]
     assert template["metadata"]["name"] == claim["resourceClaimTemplateName"]
+
+
+def test_the_dra_share_example_gets_a_claim_for_half_a_devices_memory(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    example = BACKEND_EXAMPLES / "dra-shared.yaml"
+    assert main(["review", str(example), "--policy", str(BACKEND_POLICY), "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["demand"] == "h100-dra-shared=0.5"
+    (claim,) = result["pod"]["spec"]["resourceClaims"]
+    assert claim["resourceClaimTemplateName"].startswith("gpuadm-h100-dra-shared-p50-")
+    (template,) = result["claimTemplates"]
+    devices = template["spec"]["spec"]["devices"]
+    assert devices["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "40Gi"}}
+    (config,) = devices["config"]
+    assert config["opaque"]["parameters"]["sharing"] == {
+        "strategy": "TimeSlicing",
+        "timeSlicingConfig": {"interval": "Default"},
+    }
 
 
 def test_the_kai_example_gets_kais_annotations_scheduler_and_queue(
