@@ -108,7 +108,7 @@ class ClusterTemplates:
 
     async def _create(self, namespace: str, template: ClaimTemplate) -> None:
         try:
-            await self.api.create_claim_template(
+            stored = await self.api.create_claim_template(
                 namespace, template.manifest(namespace, labels=LABELS)
             )
         except KubeError as error:
@@ -121,7 +121,40 @@ class ClusterTemplates:
             # gpuadm governed the namespace, which only its spec and label can tell.
             await self._check_existing(namespace, template)
             return
+        if (stored.get("spec") or {}).get("spec") != template.spec:
+            await self._unmake(namespace, template, stored)
         log.info("made ResourceClaimTemplate %s/%s", namespace, template.name)
+
+    async def _unmake(
+        self, namespace: str, template: ClaimTemplate, stored: dict[str, Any]
+    ) -> None:
+        """Delete a template the apiserver stored otherwise than written, and refuse the pod.
+
+        An apiserver drops the fields of a feature gate that is off: a share's `capacity`
+        request without `DRAConsumableCapacity`. The claim would then hold a whole device
+        while the pod is charged its share, so the pod is refused instead.
+        """
+        uid = str((stored.get("metadata") or {}).get("uid") or "")
+        try:
+            await self.api.delete_claim_template(namespace, template.name, uid)
+        except KubeError as error:
+            log.warning(
+                "could not delete ResourceClaimTemplate %s/%s, stored otherwise than written: "
+                "%s; the sweep deletes it once unused",
+                namespace,
+                template.name,
+                error,
+            )
+        why = (
+            ": a share's capacity request needs the feature gate DRAConsumableCapacity on the "
+            "apiserver, the scheduler and the controller manager"
+            if template.held.portion
+            else ""
+        )
+        raise ClaimError(
+            f"the apiserver did not store ResourceClaimTemplate {template.name} as gpuadm "
+            f"wrote it{why}; the pod cannot get what it would be charged for"
+        )
 
     async def _check_existing(self, namespace: str, template: ClaimTemplate) -> None:
         try:

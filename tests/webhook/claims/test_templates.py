@@ -5,6 +5,7 @@ that answers each create with a status."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -106,3 +107,62 @@ async def test_any_other_failure_is_the_pods_denial_and_is_asked_again(status: i
     assert failed.value.message.endswith("; retry")
     await templates.ensure("team-a", [TEMPLATE])
     assert len(api.created) == 2
+
+
+SHARING = load_policy(
+    "classes:\n  h100:\n    backend: dra\n"
+    "    sharing: {strategy: capacity, capacity: {memory: 80Gi}}\n"
+)
+SHARE_CLASS = SHARING.classes["h100"]
+assert isinstance(SHARE_CLASS, DraClass)
+SHARE = SHARE_CLASS.claim_template("h100", Held.share(50))
+
+
+class Dropping(Api):
+    """An apiserver whose DRAConsumableCapacity is off: it stores a claim's `capacity`
+    request not at all, and answers the create with what it stored."""
+
+    def __init__(self, *, delete_fails: bool = False) -> None:
+        super().__init__()
+        self.deleted: list[tuple[str, str, str]] = []
+        self.delete_fails = delete_fails
+
+    async def create_claim_template(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        await super().create_claim_template(namespace, body)
+        stored = copy.deepcopy(body)
+        for request in stored["spec"]["spec"]["devices"]["requests"]:
+            request["exactly"].pop("capacity", None)
+        stored["metadata"]["uid"] = "uid-1"
+        return stored
+
+    async def delete_claim_template(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append((namespace, name, uid))
+        if self.delete_fails:
+            raise KubeError(500, "HTTP 500")
+
+
+@pytest.mark.parametrize("delete_fails", [False, True], ids=["deleted", "delete-failed"])
+async def test_a_share_the_apiserver_stores_without_its_capacity_is_refused(
+    delete_fails: bool,
+) -> None:
+    api, now = Dropping(delete_fails=delete_fails), [0.0]
+    templates = keeper(api, now)
+    with pytest.raises(ClaimError) as refused:
+        await templates.ensure("team-a", [SHARE])
+    assert refused.value.message == (
+        f"the apiserver did not store ResourceClaimTemplate {SHARE.name} as gpuadm wrote it: a "
+        "share's capacity request needs the feature gate DRAConsumableCapacity on the "
+        "apiserver, the scheduler and the controller manager; the pod cannot get what it "
+        "would be charged for"
+    )
+    assert api.deleted == [("team-a", SHARE.name, "uid-1")]
+    # Not confirmed: the next pod's create is tried again.
+    with pytest.raises(ClaimError):
+        await templates.ensure("team-a", [SHARE])
+    assert len(api.created) == 2
+
+
+async def test_a_whole_device_template_the_same_apiserver_stores_as_written() -> None:
+    api, now = Dropping(), [0.0]
+    await keeper(api, now).ensure("team-a", [TEMPLATE])
+    assert api.deleted == []
