@@ -39,6 +39,12 @@ classes:
   l4:
     backend: dra
     models: [NVIDIA L4]
+  a100-shared:
+    backend: dra
+    models: [NVIDIA A100-SXM4-80GB]
+    sharing:
+      strategy: capacity
+      capacity: {memory: 80Gi}
   a100:
     backend: nvidia
     models: [NVIDIA A100-SXM4-80GB]
@@ -168,6 +174,23 @@ def test_a_dry_run_writes_nothing(
     )
     assert templates_in(api_client, namespace) == []
     assert gpuadm.core.list_namespaced_pod(namespace).items == []
+
+
+def test_a_share_is_refused_where_the_apiserver_drops_its_capacity_request(
+    gpuadm: Deployment, api_client: kubernetes.client.ApiClient, namespace: str
+) -> None:
+    # This control plane runs without DRAConsumableCapacity, as 1.34 does by default: the
+    # apiserver stores the share's template without `capacity`, and its claim would hold a
+    # whole A100 while the pod is charged half of one.
+    message = gpuadm.refusal(namespace, {"gpuadm.io/a100-shared": "0.5"})
+    assert "did not store ResourceClaimTemplate gpuadm-a100-shared-p50-" in message
+    assert "needs the feature gate DRAConsumableCapacity" in message
+    assert templates_in(api_client, namespace) == []
+    # Whole devices of the same class need no gate.
+    stored = gpuadm.create_pod(namespace, {"gpuadm.io/a100-shared": "1"})
+    assert stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].startswith(
+        "gpuadm-a100-shared-1-"
+    )
 
 
 def test_quota_charges_dra_and_device_plugin_classes_alike(
