@@ -35,7 +35,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -124,7 +124,8 @@ class ControlPlane:
     Use it as a context manager, or call ``start()`` and ``stop()``;
     ``start_scheduler()`` adds a kube-scheduler. All state (etcd data,
     certificates, keys, kubeconfig, scheduler config and process logs) lives in
-    one temporary directory that ``stop()`` removes.
+    one temporary directory that ``stop()`` removes. ``feature_gates`` sets the same
+    Kubernetes feature gates in every component it runs, to try an alpha API.
     """
 
     def __init__(
@@ -132,16 +133,29 @@ class ControlPlane:
         bin_dir: Path | None = None,
         start_timeout: float = 90.0,
         extra_apiserver_args: Sequence[str] = (),
+        *,
+        feature_gates: Mapping[str, bool] = {},
     ) -> None:
         """Prepare, but do not start, a control plane.
 
         ``bin_dir`` defaults to the output of ``ensure_binaries()``.
         ``extra_apiserver_args`` are appended to kube-apiserver's command line
         (for example ``--v=4`` when debugging webhook calls).
+
+        ``feature_gates`` (such as ``{"DRAConsumableCapacity": True}``) go, as one
+        ``--feature-gates=Name=true,...`` sorted by name, to kube-apiserver, kube-scheduler and
+        kube-controller-manager alike: an alpha API field is kept in storage only by an
+        apiserver with its gate on, and acted on only by a scheduler or controller with it on.
+        The scheduler reads the flag beside ``--config``: its gates are set from the command
+        line before the configuration file is loaded and defaulted, and every profile of the
+        file this class writes has the default plugins (``DynamicResources`` among them, as
+        ``DynamicResourceAllocation`` is on by default since 1.34). Without gates no flag is
+        passed and every component runs with its release's defaults.
         """
         self._bin_dir = bin_dir
         self._start_timeout = start_timeout
         self._extra_apiserver_args = list(extra_apiserver_args)
+        self._gate_args = _feature_gate_args(feature_gates)
         self._service_account_admission = False
         self._workdir: Path | None = None
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
@@ -290,6 +304,7 @@ class ControlPlane:
                 f"--config={config}",
                 # Nothing probes or scrapes it; with 0 it opens no port at all.
                 "--secure-port=0",
+                *self._gate_args,
             ],
         )
 
@@ -322,6 +337,7 @@ class ControlPlane:
                 "--leader-elect=false",
                 "--use-service-account-credentials=false",
                 "--secure-port=0",
+                *self._gate_args,
             ],
         )
 
@@ -428,6 +444,7 @@ class ControlPlane:
             ),
             "--allow-privileged=true",
             f"--admission-control-config-file={self.workdir / 'admission.yaml'}",
+            *self._gate_args,
             *self._extra_apiserver_args,
         ]
 
@@ -565,6 +582,14 @@ class ControlPlane:
             "contexts": [{"name": name, "context": {"cluster": name, "user": user}}],
             "current-context": name,
         }
+
+
+def _feature_gate_args(gates: Mapping[str, bool]) -> tuple[str, ...]:
+    """Return the ``--feature-gates`` argument for ``gates``, or none when there are none."""
+    if not gates:
+        return ()
+    listed = ",".join(f"{name}={str(on).lower()}" for name, on in sorted(gates.items()))
+    return (f"--feature-gates={listed}",)
 
 
 def _free_ports(count: int) -> list[int]:

@@ -1,5 +1,9 @@
 """gpuadm-specific fixtures of the end-to-end suite: three replicas behind one address, and
-the scheduler that places what they admit."""
+the scheduler that places what they admit.
+
+Each session fixture wraps a context manager (`deployed`, `scheduler_running`,
+`controller_manager_running`) that a module with a control plane of its own uses the same way.
+"""
 
 from __future__ import annotations
 
@@ -138,6 +142,70 @@ def pod_body(
     }
 
 
+@contextlib.contextmanager
+def deployed(
+    plane: ControlPlane,
+    api: kubernetes.client.ApiClient,
+    core: kubernetes.client.CoreV1Api,
+    workdir: Path,
+    replicas: int = 3,
+    *,
+    policy_text: str = POLICY_YAML,
+) -> Iterator[Deployment]:
+    """Run `replicas` gpuadm replicas against `plane` with `policy_text` and no quotas,
+    registered as shipped, behind one balancer; stop them all after, even on failure.
+
+    Their TLS files and logs go under `workdir`.
+    """
+    tls = make_tls(workdir / "tls")
+    with contextlib.suppress(ApiException):
+        core.create_namespace({"metadata": {"name": NAMESPACE}})
+    put_configmap(core, "gpuadm-policy", "policy.yaml", policy_text)
+    put_configmap(core, "gpuadm-quotas", "quotas.yaml", NO_QUOTAS)
+    install_quota_view(api)
+    processes = [GpuadmProcess(plane, tls, workdir, index) for index in range(replicas)]
+    balancer = Balancer()
+    with contextlib.ExitStack() as running:
+        for process in processes:
+            running.callback(process.stop)
+            process.start()
+        balancer.start()
+        running.callback(balancer.stop)
+        deployment = Deployment(processes, balancer, core, api, tls.ca_file)
+        deployment.route(len(processes))
+        register_webhooks(
+            api,
+            tls.ca_file,
+            mutate_url=f"{deployment.url}/mutate",
+            validate_url=f"{deployment.url}/validate",
+        )
+        for process in processes:
+            wait_until(process.ready, f"gpuadm on port {process.port} ready", process.log_tail)
+        yield deployment
+
+
+@contextlib.contextmanager
+def scheduler_running(
+    plane: ControlPlane, core: kubernetes.client.CoreV1Api
+) -> Iterator[Scheduler]:
+    """Run kube-scheduler on `plane`, serving every backend's scheduler name; stop it after."""
+    plane.start_scheduler(SCHEDULER_NAMES)
+    try:
+        yield Scheduler(plane, core)
+    finally:
+        plane.stop_scheduler()
+
+
+@contextlib.contextmanager
+def controller_manager_running(plane: ControlPlane) -> Iterator[None]:
+    """Run kube-controller-manager on `plane` with the suite's controllers; stop it after."""
+    plane.start_controller_manager()
+    try:
+        yield
+    finally:
+        plane.stop_controller_manager()
+
+
 @pytest.fixture(scope="session")
 def gpuadm(
     control_plane: ControlPlane,
@@ -146,34 +214,8 @@ def gpuadm(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Deployment]:
     """Run three gpuadm replicas against the control plane, registered as shipped."""
-    workdir = tmp_path_factory.mktemp("gpuadm")
-    tls = make_tls(workdir / "tls")
-    with contextlib.suppress(ApiException):
-        core_v1.create_namespace({"metadata": {"name": NAMESPACE}})
-    put_configmap(core_v1, "gpuadm-policy", "policy.yaml", POLICY_YAML)
-    put_configmap(core_v1, "gpuadm-quotas", "quotas.yaml", NO_QUOTAS)
-    install_quota_view(api_client)
-    processes = [GpuadmProcess(control_plane, tls, workdir, index) for index in range(3)]
-    balancer = Balancer()
-    try:
-        for process in processes:
-            process.start()
-        balancer.start()
-        deployment = Deployment(processes, balancer, core_v1, api_client, tls.ca_file)
-        deployment.route(len(processes))
-        register_webhooks(
-            api_client,
-            tls.ca_file,
-            mutate_url=f"{deployment.url}/mutate",
-            validate_url=f"{deployment.url}/validate",
-        )
-        for process in processes:
-            wait_until(process.ready, f"gpuadm on port {process.port} ready", process.log_tail)
-        yield deployment
-    finally:
-        balancer.stop()
-        for process in processes:
-            process.stop()
+    with deployed(control_plane, api_client, core_v1, tmp_path_factory.mktemp("gpuadm")) as found:
+        yield found
 
 
 @pytest.fixture(scope="session")
@@ -184,11 +226,8 @@ def scheduler(
 
     Without nodes it places nothing; tests that need placements create their nodes.
     """
-    control_plane.start_scheduler(SCHEDULER_NAMES)
-    try:
-        yield Scheduler(control_plane, core_v1)
-    finally:
-        control_plane.stop_scheduler()
+    with scheduler_running(control_plane, core_v1) as running:
+        yield running
 
 
 @pytest.fixture(scope="session")
@@ -196,8 +235,5 @@ def controller_manager(control_plane: ControlPlane) -> Iterator[None]:
     """Run kube-controller-manager for the rest of the session: its resourceclaim controller
     (the ResourceClaims of pods that name a ResourceClaimTemplate), its job controller and
     its clusterrole-aggregation controller (`ControlPlane.start_controller_manager`)."""
-    control_plane.start_controller_manager()
-    try:
+    with controller_manager_running(control_plane):
         yield
-    finally:
-        control_plane.stop_controller_manager()
