@@ -162,9 +162,9 @@ def test_gpuadms_own_template_is_refused_to_anyone_else() -> None:
     policy = load_policy(POLICY_YAML + "  b200:\n    backend: dra\n")
     b200 = policy.classes["b200"]
     assert isinstance(b200, DraClass)
-    manifest = b200.claim_template("b200", Held(2)).manifest(
-        "team-x", labels={"app.kubernetes.io/managed-by": "gpuadm"}
-    )
+    template = b200.claim_template("b200", Held(2))
+    assert template is not None
+    manifest = template.manifest("team-x", labels={"app.kubernetes.io/managed-by": "gpuadm"})
     with pytest.raises(Denial) as denied:
         check_template(manifest, policy)
     assert denied.value.message.startswith(

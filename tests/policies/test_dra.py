@@ -60,7 +60,9 @@ def dra_class(policy: Policy, name: str) -> DraClass:
 
 
 def template_of(count: int, class_name: str = "b200", policy: Policy = DRA_POLICY) -> ClaimTemplate:
-    return dra_class(policy, class_name).claim_template(class_name, Held(count))
+    template = dra_class(policy, class_name).claim_template(class_name, Held(count))
+    assert template is not None
+    return template
 
 
 def b200_spec(count: int) -> dict[str, Any]:

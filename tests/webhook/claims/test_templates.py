@@ -12,7 +12,7 @@ import pytest
 
 from policies import load_policy
 from policies.backends.dra import DraClass
-from policies.dra_templates import Held
+from policies.dra_templates import ClaimTemplate, Held
 from webhook.claims.templates import CONFIRMED_SECONDS, ClaimError, ClusterTemplates
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
@@ -21,7 +21,15 @@ from webhook.kube.rest import AsyncApi
 POLICY = load_policy("classes:\n  h100: {backend: dra, models: [NVIDIA H100 80GB HBM3]}\n")
 GPU_CLASS = POLICY.classes["h100"]
 assert isinstance(GPU_CLASS, DraClass)
-TEMPLATE = GPU_CLASS.claim_template("h100", Held(1))
+
+
+def made(gpu_class: DraClass, held: Held) -> ClaimTemplate:
+    template = gpu_class.claim_template("h100", held)
+    assert template is not None
+    return template
+
+
+TEMPLATE = made(GPU_CLASS, Held(1))
 
 
 class Api:
@@ -115,7 +123,7 @@ SHARING = load_policy(
 )
 SHARE_CLASS = SHARING.classes["h100"]
 assert isinstance(SHARE_CLASS, DraClass)
-SHARE = SHARE_CLASS.claim_template("h100", Held.share(50))
+SHARE = made(SHARE_CLASS, Held.share(50))
 
 
 class Dropping(Api):
