@@ -320,7 +320,7 @@ def policy_warnings(policy: Policy) -> list[str]:
 
 # What the webhook configurations gpuadm ships send it (deploy/base, and the Helm chart's
 # `gpuResources` by default): pods with these resources, or under the shipped domain.
-ROUTED_PREFIXES = ("nvidia.com/mig-",)
+ROUTED_PREFIXES = ("nvidia.com/mig-", DEVICE_CLASS_RESOURCE_PREFIX)
 SHIPPED_DOMAIN = "gpuadm.io"
 # The annotations a stack reads a share from (KAI's) whose updates the shipped validating
 # webhook sends gpuadm (its `update-concerns-gpuadm` matchCondition), so that an update that

@@ -1169,6 +1169,11 @@ CREATE_CASES = [
     pytest.param(
         pod(container(limits={"nvidia.com/mig-1g.10gb": "1"})), True, id="mig-profile-prefix"
     ),
+    pytest.param(
+        pod(container(limits={"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"})),
+        True,
+        id="dra-extended-resource",
+    ),
     *(
         pytest.param(pod(container(limits={name: "1"})), True, id=f"raw-{name}")
         for name in GPU_RESOURCE_NAMES
