@@ -28,6 +28,25 @@ class Scheduler:
         assert node is not None, f"pod {namespace}/{name} is unschedulable: {reason}"
         return node
 
+    def bound(self, namespace: str, name: str) -> str:
+        """Wait until a pod is bound, through any retries; return its node.
+
+        For pods whose decision may first be "unschedulable" and then change without any
+        change of the cluster's: with consumable capacity (1.34, alpha), a share whose
+        neighbour on the device is still being allocated is at times found unschedulable,
+        and placed on the scheduler's retry once that allocation is written.
+        """
+        found: list[str] = []
+
+        def placed() -> bool:
+            node = self._read(namespace, name).spec.node_name
+            found.extend([node] if node else [])
+            return bool(found)
+
+        what = f"pod {namespace}/{name} to be bound"
+        wait_until(placed, what, lambda: self._describe(namespace, name))
+        return found[0]
+
     def unschedulable(self, namespace: str, name: str) -> str:
         """Wait for the scheduler's decision on a pod; return why no node can take it."""
         node, reason = self._decision(namespace, name)

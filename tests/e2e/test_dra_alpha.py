@@ -33,6 +33,7 @@ from tests.e2e.dra import (
     dra_pools_created,
     gpu_device_class,
     resource_slice,
+    templates_in,
 )
 from tests.e2e.fixtures import (
     IMAGE,
@@ -231,22 +232,13 @@ def half_gpu_pods(api: kubernetes.client.ApiClient) -> Iterator[Callable[[], tup
         made.append((pod, claim))
         return pod, claim
 
-    def claims_left() -> set[str]:
-        listed = custom.list_namespaced_custom_object(GROUP, VERSION, UNGOVERNED, "resourceclaims")
-        return {claim for _, claim in made} & {c["metadata"]["name"] for c in listed["items"]}
-
     try:
         yield make
     finally:
-        for pod, claim in made:
+        for pod, _ in made:
             # No kubelet confirms a bound pod's end: only a deletion without grace removes it.
             core.delete_namespaced_pod(pod, UNGOVERNED, grace_period_seconds=0)
-            custom.delete_namespaced_custom_object(
-                GROUP, VERSION, UNGOVERNED, "resourceclaims", claim
-            )
-        # The scheduler's finalizer stays on an allocated claim until the resourceclaim
-        # controller has freed the device of its deleted pod.
-        wait_until(lambda: not claims_left(), "the half-GPU claims to be deleted", claims_left)
+        delete_claims(api, UNGOVERNED)
 
 
 def claim_in(api: kubernetes.client.ApiClient, name: str) -> dict[str, Any]:
@@ -269,7 +261,7 @@ def test_the_scheduler_puts_two_half_gpu_claims_on_one_device_and_no_third(
     with half_gpu_pods(alpha_api) as make:
         placed = [make() for _ in range(2)]
         for pod, _ in placed:
-            assert alpha_scheduler.node_of(UNGOVERNED, pod) == node
+            assert alpha_scheduler.bound(UNGOVERNED, pod) == node
         # The third once both are bound: made together, any two of the three could get halves.
         third, third_claim = make()
         reason = alpha_scheduler.unschedulable(UNGOVERNED, third)
@@ -290,4 +282,208 @@ def test_the_scheduler_puts_two_half_gpu_claims_on_one_device_and_no_third(
             assert quantities(result["consumedCapacity"]) == {"memory": parse_quantity(HALF_A100)}
         assert "allocation" not in claim_in(alpha_api, third_claim).get("status", {})
     # The claims and pods never reached gpuadm.
+    assert alpha_gpuadm.reviews() == reviews
+
+
+# What gpuadm makes of it ----------------------------------------------------------------
+
+
+@pytest.fixture
+def alpha_namespace(alpha_api: kubernetes.client.ApiClient) -> Iterator[str]:
+    """Create a namespace gpuadm governs on the module's control plane; yield its name."""
+    core = kubernetes.client.CoreV1Api(alpha_api)
+    name = f"e2e-{uuid.uuid4().hex[:12]}"
+    core.create_namespace({"metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        with contextlib.suppress(ApiException):
+            core.delete_namespace(name)
+
+
+@contextlib.contextmanager
+def pods_removed(api: kubernetes.client.ApiClient, namespace: str) -> Iterator[list[str]]:
+    """Yield a list to name pods in; then delete them at once, and their claims, so the
+    device is free again."""
+    core = kubernetes.client.CoreV1Api(api)
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        for name in names:
+            with contextlib.suppress(ApiException):
+                core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+        delete_claims(api, namespace)
+
+
+def delete_claims(api: kubernetes.client.ApiClient, namespace: str) -> None:
+    """Delete every claim of a namespace whose pods are gone, and wait until none is left.
+
+    No garbage collector runs to delete a pod's claims; the finalizer of an allocated claim
+    stays until the resourceclaim controller has seen its pods go and freed the device."""
+    custom = kubernetes.client.CustomObjectsApi(api)
+
+    def claims_left() -> list[str]:
+        listed = custom.list_namespaced_custom_object(GROUP, VERSION, namespace, "resourceclaims")
+        return [c["metadata"]["name"] for c in listed["items"]]
+
+    for claim in claims_left():
+        with contextlib.suppress(ApiException):
+            custom.delete_namespaced_custom_object(
+                GROUP, VERSION, namespace, "resourceclaims", claim
+            )
+    wait_until(lambda: not claims_left(), f"the claims of {namespace} to go", claims_left)
+
+
+def claim_of_pod(api: kubernetes.client.ApiClient, namespace: str, pod: str) -> dict[str, Any]:
+    """Wait until a pod's claim is allocated; return it."""
+    core = kubernetes.client.CoreV1Api(api)
+    custom = kubernetes.client.CustomObjectsApi(api)
+    found: list[dict[str, Any]] = []
+
+    def allocated() -> bool:
+        statuses = core.read_namespaced_pod(pod, namespace).status.resource_claim_statuses
+        for status in statuses or ():
+            if status.resource_claim_name:
+                claim = custom.get_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "resourceclaims", status.resource_claim_name
+                )
+                if (claim.get("status") or {}).get("allocation"):
+                    found[:] = [claim]
+                    return True
+        return False
+
+    wait_until(allocated, f"the claim of pod {namespace}/{pod} allocated")
+    return found[0]
+
+
+SHARED_CLASS = {"gpuadm.io/class": "a100-shared"}
+# The annotation of the claim the scheduler makes itself for a pod's DRA extended resources.
+EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+
+def test_two_half_gpu_pods_of_a_class_share_one_device_and_a_third_waits(
+    alpha_gpuadm: Deployment,
+    alpha_api: kubernetes.client.ApiClient,
+    alpha_scheduler: Scheduler,
+    shared_pools: list[str],
+    alpha_namespace: str,
+) -> None:
+    (node,) = shared_pools
+    alpha_gpuadm.set_quotas(f"namespaces:\n  {alpha_namespace}: {{a100-shared: 1.5}}\n")
+    with pods_removed(alpha_api, alpha_namespace) as made:
+        placed = []
+        for _ in range(2):
+            stored = alpha_gpuadm.create_pod(alpha_namespace, {"gpuadm.io/a100-shared": "0.5"})
+            made.append(stored["metadata"]["name"])
+            placed.append(stored)
+            assert stored["metadata"]["annotations"]["gpuadm.io/demand"] == "a100-shared=0.5"
+            (entry,) = stored["spec"]["resourceClaims"]
+            assert entry["resourceClaimTemplateName"].startswith("gpuadm-a100-shared-p50-")
+            assert alpha_scheduler.bound(alpha_namespace, made[-1]) == node
+        # The template as stored: the gate keeps the capacity request gpuadm wrote.
+        (template,) = templates_in(alpha_api, alpha_namespace)
+        (request,) = template["spec"]["spec"]["devices"]["requests"]
+        assert quantities(request["exactly"]["capacity"]) == {
+            "requests": {"memory": parse_quantity("40Gi")}
+        }
+        results = []
+        for stored in placed:
+            claim = claim_of_pod(alpha_api, alpha_namespace, stored["metadata"]["name"])
+            (result,) = claim["status"]["allocation"]["devices"]["results"]
+            results.append(result)
+            assert quantities(result["consumedCapacity"]) == {"memory": parse_quantity("40Gi")}
+        assert {(r["pool"], r["device"]) for r in results} == {(node, "gpu-0")}
+        assert len({r["shareID"] for r in results}) == 2
+        # Quota has room for a third half (1.5); the one A100 has not.
+        third = alpha_gpuadm.create_pod(alpha_namespace, {"gpuadm.io/a100-shared": "0.5"})
+        made.append(third["metadata"]["name"])
+        reason = alpha_scheduler.unschedulable(alpha_namespace, made[-1])
+        assert "cannot allocate all claims" in reason
+
+
+def test_quota_charges_each_share_as_its_part_of_the_device(
+    alpha_gpuadm: Deployment,
+    alpha_api: kubernetes.client.ApiClient,
+    shared_pools: list[str],
+    alpha_namespace: str,
+) -> None:
+    alpha_gpuadm.set_quotas(f"namespaces:\n  {alpha_namespace}: {{a100-shared: 1}}\n")
+    with pods_removed(alpha_api, alpha_namespace) as made:
+        quarter = alpha_gpuadm.create_pod(alpha_namespace, {"gpuadm.io/a100-shared-memory": "20Gi"})
+        half = alpha_gpuadm.create_pod(alpha_namespace, {"gpuadm.io/a100-shared": "0.5"})
+        made += [quarter["metadata"]["name"], half["metadata"]["name"]]
+        assert quarter["metadata"]["annotations"]["gpuadm.io/demand"] == "a100-shared=0.25"
+        message = alpha_gpuadm.refusal(alpha_namespace, {"gpuadm.io/a100-shared": "0.5"})
+        assert "quota exceeded: requested 0.5, in use 0.75 of 1" in message
+        last = alpha_gpuadm.create_pod(alpha_namespace, {"gpuadm.io/a100-shared": "0.25"})
+        made.append(last["metadata"]["name"])
+
+
+def test_a_dra_extended_resource_becomes_gpuadms_claim_where_gpuadm_governs(
+    alpha_gpuadm: Deployment,
+    alpha_api: kubernetes.client.ApiClient,
+    alpha_scheduler: Scheduler,
+    shared_pools: list[str],
+    alpha_namespace: str,
+) -> None:
+    (node,) = shared_pools
+    alpha_gpuadm.set_quotas(f"namespaces:\n  {alpha_namespace}: {{a100-shared: 1}}\n")
+    resource = f"deviceclass.resource.kubernetes.io/{DRIVER}"
+    with pods_removed(alpha_api, alpha_namespace) as made:
+        stored = alpha_gpuadm.create_pod(alpha_namespace, {resource: "1"}, annotations=SHARED_CLASS)
+        made.append(stored["metadata"]["name"])
+        container = stored["spec"]["containers"][0]
+        assert "limits" not in container["resources"]
+        assert container["resources"]["claims"] == [{"name": "gpuadm-c0"}]
+        (entry,) = stored["spec"]["resourceClaims"]
+        assert entry["resourceClaimTemplateName"].startswith("gpuadm-a100-shared-1-")
+        assert stored["metadata"]["annotations"]["gpuadm.io/demand"] == "a100-shared=1"
+        assert alpha_scheduler.node_of(alpha_namespace, made[-1]) == node
+        claim = claim_of_pod(alpha_api, alpha_namespace, made[-1])
+        # gpuadm's claim, made by the resourceclaim controller; not the scheduler's own.
+        assert EXTENDED_RESOURCE_CLAIM not in (claim["metadata"].get("annotations") or {})
+        # Charged: the namespace's one A100 is spent.
+        message = alpha_gpuadm.refusal(
+            alpha_namespace, {EXTENDED_RESOURCE: "1"}, annotations=SHARED_CLASS
+        )
+        assert "quota exceeded: requested 1, in use 1 of 1" in message
+
+
+def test_where_gpuadm_does_not_govern_the_scheduler_makes_the_claim_itself(
+    alpha_api: kubernetes.client.ApiClient,
+    alpha_scheduler: Scheduler,
+    alpha_gpuadm: Deployment,
+    shared_pools: list[str],
+) -> None:
+    # What gpuadm keeps governed namespaces from: a pod asking `nvidia.com/gpu`, which no
+    # node advertises, gets a claim for a device of the DeviceClass that names it, made and
+    # allocated by the scheduler, charged to no class.
+    (node,) = shared_pools
+    core = kubernetes.client.CoreV1Api(alpha_api)
+    custom = kubernetes.client.CustomObjectsApi(alpha_api)
+    reviews = alpha_gpuadm.reviews()
+    body = {
+        "metadata": {"generateName": "extended-"},
+        "spec": {
+            "containers": [
+                {"name": "main", "image": IMAGE, "resources": {"limits": {EXTENDED_RESOURCE: "1"}}}
+            ]
+        },
+    }
+    pod = core.create_namespaced_pod(UNGOVERNED, body).metadata.name
+    try:
+        assert alpha_scheduler.node_of(UNGOVERNED, pod) == node
+        listed = custom.list_namespaced_custom_object(GROUP, VERSION, UNGOVERNED, "resourceclaims")
+        (claim,) = [
+            c
+            for c in listed["items"]
+            if (c["metadata"].get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM) == "true"
+        ]
+        assert claim["metadata"]["ownerReferences"][0]["name"] == pod
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], result["device"]) == (node, "gpu-0")
+    finally:
+        core.delete_namespaced_pod(pod, UNGOVERNED, grace_period_seconds=0)
+        delete_claims(alpha_api, UNGOVERNED)
     assert alpha_gpuadm.reviews() == reviews
