@@ -112,3 +112,70 @@ def test_the_pod_examples_are_admitted(example: str, capsys: pytest.CaptureFixtu
     policy, quotas = ROOT / "examples" / "policy.yaml", ROOT / "examples" / "quotas.yaml"
     assert main(["review", str(path), "--policy", str(policy), "--quotas", str(quotas)]) == 0
     assert "verdict: allowed" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("strategy", "config"),
+    [
+        pytest.param("capacity", None, id="capacity"),
+        pytest.param(
+            "time-slicing",
+            {
+                "strategy": "TimeSlicing",
+                "timeSlicingConfig": {"interval": "Short"},
+            },
+            id="time-slicing",
+        ),
+    ],
+)
+def test_review_shows_the_claim_and_the_charge_of_each_dra_sharing_strategy(
+    strategy: str,
+    config: dict[str, object] | None,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    interval = "\n      interval: Short" if strategy == "time-slicing" else ""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "classes:\n  h100:\n    backend: dra\n    sharing:\n"
+        f"      strategy: {strategy}{interval}\n      capacity: {{memory: 80Gi, shares: 8}}\n"
+    )
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("namespaces:\n  team-a: {h100: 1}\n")
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\nspec:\n"
+        "  containers:\n  - name: main\n    image: x\n"
+        "    resources: {limits: {gpuadm.io/h100-memory: 30Gi}}\n"
+    )
+    arguments = ["review", str(manifest), "--policy", str(policy), "--quotas", str(quotas)]
+    assert main([*arguments, "-o", "json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    # 30Gi is 37.5 hundredths, so 38: 30.4Gi and 3.04 of 8 shares, so 4 of them: half.
+    assert result["demand"] == "h100=0.5"
+    (template,) = result["claimTemplates"]
+    assert template["metadata"]["name"].startswith("gpuadm-h100-p38-")
+    devices = template["spec"]["spec"]["devices"]
+    requests = devices["requests"][0]["exactly"]["capacity"]["requests"]
+    assert requests == {"memory": "31130Mi", "shares": "4"}
+    if config is None:
+        assert "config" not in devices
+    else:
+        assert devices["config"][0]["opaque"]["parameters"]["sharing"] == config
+    # The text form says the charge, and why it is more than was asked.
+    assert main(arguments) == 0
+    text = capsys.readouterr().out
+    assert "demand: h100=0.5" in text
+    assert "rounded up to 0.5 GPU (a claim for 38 hundredths of one device)" in text
+
+
+def test_review_shows_why_mps_cannot_share_a_dra_device(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "classes:\n  h100:\n    backend: dra\n"
+        "    sharing: {strategy: mps, capacity: {memory: 80Gi}}\n"
+    )
+    assert main(["check-config", str(policy)]) == 1
+    assert "mps cannot share a device between pods" in capsys.readouterr().out
