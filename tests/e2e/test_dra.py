@@ -185,11 +185,15 @@ def test_a_share_is_refused_where_the_apiserver_drops_its_capacity_request(
     message = gpuadm.refusal(namespace, {"gpuadm.io/a100-shared": "0.5"})
     assert "did not store ResourceClaimTemplate gpuadm-a100-shared-p50-" in message
     assert "needs the feature gate DRAConsumableCapacity" in message
+    # Whole devices of a sharing class ask all of every capacity, so that no share can sit
+    # beside them: refused too, where that request cannot be stored.
+    message = gpuadm.refusal(namespace, {"gpuadm.io/a100-shared": "1"})
+    assert "did not store ResourceClaimTemplate gpuadm-a100-shared-1-" in message
     assert templates_in(api_client, namespace) == []
-    # Whole devices of the same class need no gate.
-    stored = gpuadm.create_pod(namespace, {"gpuadm.io/a100-shared": "1"})
+    # A class that does not share needs no gate.
+    stored = gpuadm.create_pod(namespace, {"gpuadm.io/h100": "1"})
     assert stored["spec"]["resourceClaims"][0]["resourceClaimTemplateName"].startswith(
-        "gpuadm-a100-shared-1-"
+        "gpuadm-h100-1-"
     )
 
 

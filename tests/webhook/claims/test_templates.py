@@ -38,6 +38,7 @@ class Api:
     def __init__(self, *answers: int, existing: dict[str, Any] | None = None) -> None:
         self.answers = list(answers)
         self.created: list[tuple[str, dict[str, Any]]] = []
+        self.deleted: list[tuple[str, str, str]] = []
         self.existing = existing
 
     async def get_claim_template(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -49,6 +50,9 @@ class Api:
         if status == 0 or status >= 400:  # 0: no answer at all
             raise KubeError(status, f"HTTP {status}")
         return body
+
+    async def delete_claim_template(self, namespace: str, name: str, uid: str) -> None:
+        self.deleted.append((namespace, name, uid))
 
 
 def keeper(api: Api, now: list[float]) -> ClusterTemplates:
@@ -87,7 +91,11 @@ async def test_a_template_another_replica_made_first_is_as_good_as_one_made_here
     [
         pytest.param({**OURS, "metadata": {"name": TEMPLATE.name}}, id="without-gpuadms-label"),
         pytest.param(
-            {**OURS, "spec": {"spec": GPU_CLASS.claim_spec(Held(8))}}, id="with-another-spec"
+            {
+                "metadata": {"name": TEMPLATE.name},
+                "spec": {"spec": GPU_CLASS.claim_spec(Held(8))},
+            },
+            id="with-another-spec",
         ),
     ],
 )
@@ -132,7 +140,6 @@ class Dropping(Api):
 
     def __init__(self, *, delete_fails: bool = False) -> None:
         super().__init__()
-        self.deleted: list[tuple[str, str, str]] = []
         self.delete_fails = delete_fails
 
     async def create_claim_template(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +151,7 @@ class Dropping(Api):
         return stored
 
     async def delete_claim_template(self, namespace: str, name: str, uid: str) -> None:
-        self.deleted.append((namespace, name, uid))
+        await super().delete_claim_template(namespace, name, uid)
         if self.delete_fails:
             raise KubeError(500, "HTTP 500")
 
@@ -159,7 +166,7 @@ async def test_a_share_the_apiserver_stores_without_its_capacity_is_refused(
         await templates.ensure("team-a", [SHARE])
     assert refused.value.message == (
         f"the apiserver did not store ResourceClaimTemplate {SHARE.name} as gpuadm wrote it: a "
-        "share's capacity request needs the feature gate DRAConsumableCapacity on the "
+        "capacity request needs the feature gate DRAConsumableCapacity on the "
         "apiserver, the scheduler and the controller manager; the pod cannot get what it "
         "would be charged for"
     )
@@ -173,4 +180,36 @@ async def test_a_share_the_apiserver_stores_without_its_capacity_is_refused(
 async def test_a_whole_device_template_the_same_apiserver_stores_as_written() -> None:
     api, now = Dropping(), [0.0]
     await keeper(api, now).ensure("team-a", [TEMPLATE])
+    assert api.deleted == []
+
+
+async def test_gpuadms_template_left_stored_otherwise_is_deleted_when_met_again() -> None:
+    # A share made while the gate was off, whose delete then failed: the next pod's create
+    # finds it under gpuadm's name and label without its capacity request.
+    stored = copy.deepcopy(
+        SHARE.manifest("team-a", labels={"app.kubernetes.io/managed-by": "gpuadm"})
+    )
+    del stored["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+    stored["metadata"]["uid"] = "uid-2"
+    api, now = Api(409, existing=stored), [0.0]
+    with pytest.raises(ClaimError, match="needs the feature gate DRAConsumableCapacity"):
+        await keeper(api, now).ensure("team-a", [SHARE])
+    assert api.deleted == [("team-a", SHARE.name, "uid-2")]
+
+
+async def test_capacity_requests_are_compared_as_amounts() -> None:
+    # The apiserver keeps the amount and may spell it otherwise (4000 as 4k).
+    api, now = Api(), [0.0]
+    respelled = copy.deepcopy(
+        SHARE.manifest("team-a", labels={"app.kubernetes.io/managed-by": "gpuadm"})
+    )
+    requests = respelled["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]
+    requests["requests"] = {"memory": "40960Mi"}
+
+    async def create(namespace: str, body: dict[str, Any]) -> dict[str, Any]:
+        api.created.append((namespace, body))
+        return respelled
+
+    api.create_claim_template = create  # type: ignore[method-assign]
+    await keeper(api, now).ensure("team-a", [SHARE])
     assert api.deleted == []
