@@ -243,6 +243,15 @@ class ClassBase(Model):
         """Return the DeviceClasses the class claims its GPUs from (`claims_devices`)."""
         return frozenset()
 
+    def held_charge(self, held: Held) -> Fraction:
+        """Return what a stored claim of the class that holds `held` is charged, whatever
+        today's policy would give: never less than it holds."""
+        return Fraction(held.devices)
+
+    def describe_claim(self, held: Held) -> str:
+        """Say what a claim of the class that holds `held` asks, as a message would."""
+        return f"a claim for {held.describe()}"
+
     def claim_template(self, class_name: str, held: Held) -> ClaimTemplate | None:
         """Return the ResourceClaimTemplate gpuadm keeps for claims of the class that hold
         `held`, or None for a class whose GPUs are not claimed (or that gives no such share)."""
@@ -330,7 +339,7 @@ def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) ->
     granted = [describe_resources(grant.resources)] if grant.resources else []
     granted += [f"annotation {key}: {value}" for key, value in grant.annotations.items()]
     if grant.claim is not None:
-        granted.append(f"a claim for {grant.claim.describe()}")
+        granted.append(cls.describe_claim(grant.claim))
     return (
         f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
         f"({', '.join(granted)}); quota is charged {format_amount(grant.charge)}"

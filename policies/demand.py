@@ -355,7 +355,7 @@ def _container_demand(
         return ContainerDemand(ref, ask, replaced_keys=frozenset(item.class_values))
     if item.claimed is not None:
         return ContainerDemand(ref, item.claimed.ask, claimed=item.claimed)
-    whole = _whole_devices(item.raw, gpu_class)
+    whole = _whole_devices(ref, item.raw, gpu_class, class_name)
     if whole is not None:
         count = item.raw[whole]
         if count.denominator != 1 or count < 0:
@@ -365,11 +365,6 @@ def _container_demand(
             )
         return ContainerDemand(ref, Whole(int(count)), replaced_keys=frozenset({whole}))
     for name, amount in item.raw.items():
-        if name in gpu_class.device_resources():
-            raise Denial(
-                f"{ref} asks for whole GPUs of class {class_name} through {name} and through "
-                f"{', '.join(sorted(set(item.raw) - {name}))} too; ask through one of them"
-            )
         if name.startswith(DEVICE_CLASS_RESOURCE_PREFIX) and not gpu_class.owns(name):
             raise Denial(
                 f"{ref}: {name} asks the scheduler for devices of DeviceClass "
@@ -390,15 +385,19 @@ def _container_demand(
     return ContainerDemand(ref, None, raw=dict(item.raw))
 
 
-def _whole_devices(raw: Mapping[str, Fraction], gpu_class: ClassBase) -> str | None:
+def _whole_devices(
+    ref: ContainerRef, raw: Mapping[str, Fraction], gpu_class: ClassBase, class_name: str
+) -> str | None:
     """Return the one raw resource of a container that asks for whole GPUs of its class by
-    name alone (`nvidia.com/gpu`, or a DRA extended resource of a dra class), else None."""
-    if len(raw) != 1:
-        return None
-    (name,) = raw
-    if name == STANDARD_GPU or name in gpu_class.device_resources():
-        return name
-    return None
+    name alone (`nvidia.com/gpu`, or a DRA extended resource of a dra class), else None;
+    refuse a container that asks so by two names."""
+    wholes = sorted(n for n in raw if n == STANDARD_GPU or n in gpu_class.device_resources())
+    if len(wholes) > 1:
+        raise Denial(
+            f"{ref} asks for whole GPUs of class {class_name} through {wholes[0]} and through "
+            f"{', '.join(wholes[1:])} too; ask through one of them"
+        )
+    return wholes[0] if wholes and len(raw) == 1 else None
 
 
 def _classes_on(resource: str, policy: Policy) -> str:

@@ -183,7 +183,30 @@ class Policy(Model):
                 f"defaultClass {self.default_class!r} is not a class "
                 f"(classes: {', '.join(sorted(self.classes))})"
             )
+        self._device_resources_are_their_own()
         return self
+
+    def _device_resources_are_their_own(self) -> None:
+        """Refuse a DeviceClass's own extended resource name (a dra class's
+        `extendedResourceName`) that also names a class key or another class's resource, but
+        that of a class on the same DeviceClass: a pod asking for it would be read two ways.
+        `nvidia.com/gpu` is every class's whole GPUs already."""
+        for name, gpu_class in self.classes.items():
+            for resource in gpu_class.device_resources():
+                if resource.startswith(DEVICE_CLASS_RESOURCE_PREFIX) or resource == STANDARD_GPU:
+                    continue
+                if resource.startswith(f"{self.domain}/"):
+                    raise ValueError(
+                        f"class {name}: extendedResourceName {resource} is under the policy's "
+                        f"domain, whose names are class keys"
+                    )
+                for other, other_class in self.classes.items():
+                    same_devices = other_class.device_classes() == gpu_class.device_classes()
+                    if other != name and other_class.owns(resource) and not same_devices:
+                        raise ValueError(
+                            f"class {name}: extendedResourceName {resource} is a resource of "
+                            f"class {other} too; a DeviceClass's name must be its own"
+                        )
 
     @cached_property
     def _lookup(self) -> _Lookup:

@@ -131,6 +131,22 @@ def format_bytes(amount: Fraction) -> str:
     return format_amount(amount)
 
 
+def canonical_quantity(amount: Fraction) -> str:
+    """Write a positive whole amount as the apiserver stores it: with the largest binary
+    suffix that keeps it whole when it is a multiple of 1024 (``40Gi``), else with the
+    largest decimal one (``2k``, ``1500``), as its canonical form keeps the written format."""
+    if amount.denominator != 1 or amount <= 0:
+        raise ValueError(f"{amount} is not a positive whole amount")
+    if amount % 1024 == 0:
+        return format_bytes(amount)
+    value, suffix = int(amount), ""
+    for next_suffix in ("k", "M", "G", "T", "P", "E"):
+        if value % 1000:
+            break
+        value, suffix = value // 1000, next_suffix
+    return f"{value}{suffix}"
+
+
 def ceil_div(amount: Fraction, unit: Fraction | int) -> int:
     """Return how many whole units cover `amount`: rounding only ever up."""
     quotient = amount / unit

@@ -216,8 +216,17 @@ def pod_charge(
     demand = read_demand(view_pod(pod), policy, namespace_default_class=namespace_default_class)
     if demand is None:
         return None
-    charges = [(c.ref, _grant(c, demand).charge) for c in demand.containers]
+    charges = [(c.ref, _charge(c, demand)) for c in demand.containers]
     return demand.class_name, _pod_charge(demand, charges)
+
+
+def _charge(container: ContainerDemand, demand: PodDemand) -> Fraction:
+    """Return a stored container's charge. What a claim of gpuadm's holds is charged from
+    its template's name, even where today's policy would not give it (a class that shares
+    no longer)."""
+    if container.claimed is not None:
+        return demand.gpu_class.held_charge(container.claimed.held)
+    return _grant(container, demand).charge
 
 
 def _pod_charge(demand: PodDemand, charges: list[tuple[ContainerRef, Fraction]]) -> Fraction:

@@ -9,8 +9,11 @@ consumable capacity, KEP-5075: alpha `DRAConsumableCapacity` in 1.34). A driver 
 device that several claims may hold (`allowMultipleAllocations`) with capacities such as
 `memory`; a claim asks for an amount of each (`capacity.requests`), and the scheduler places
 claims on one device while their amounts fit. gpuadm sizes a share in hundredths of a device,
-asks that part of every capacity the class lists, rounded up to the capacity's step, and
-charges the largest part it asked of any.
+asks that part of every capacity the class lists, rounded down to the capacity's step (so
+that N shares of 1/N fit on one device) but never below one step, and charges the share or the
+largest part it asked of any capacity, whichever is more: quota never holds less than the
+claim does. Whole devices of a sharing class ask all of every capacity, so no share sits
+beside them.
 
 What the drivers do, from their own code (docs/backends.md names each file):
 
@@ -45,7 +48,14 @@ from policies.dra_templates import (
 )
 from policies.errors import Denial
 from policies.models import dra_selector
-from policies.quantity import MiB, QuantityError, ceil_div, format_bytes, parse_quantity
+from policies.quantity import (
+    MiB,
+    QuantityError,
+    canonical_quantity,
+    ceil_div,
+    format_bytes,
+    parse_quantity,
+)
 
 # A DNS label, as a DeviceClass name and a driver name are made of.
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
@@ -55,7 +65,9 @@ _CAPACITY_NAME = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z_][A-Z
 # A claim's allocation holds at most this many devices (resource.k8s.io/v1
 # AllocationResultsMaxSize): the scheduler cannot allocate a claim for more.
 MAX_DEVICES = 32
-# NVIDIA's driver: the opaque configuration a claim carries (api/nvidia.com/resource/v1beta1).
+# NVIDIA's driver: its name, and the opaque configuration a claim carries
+# (api/nvidia.com/resource/v1beta1).
+NVIDIA_DRIVER = "gpu.nvidia.com"
 NVIDIA_CONFIG_VERSION = "resource.nvidia.com/v1beta1"
 TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 
@@ -123,9 +135,9 @@ class Sharing(Model):
                     "identifier of at most 32 characters, optionally after a DNS prefix and /)"
                 )
             step = _step(name, entry)
-            if entry.value % step:
+            if entry.value < step:
                 raise ValueError(
-                    f"{name}: {format_bytes(entry.value)} is not a whole number of steps of "
+                    f"{name}: {format_bytes(entry.value)} is less than one step of "
                     f"{format_bytes(step)}"
                 )
         return capacity
@@ -137,18 +149,29 @@ class Sharing(Model):
         return self
 
     def requests(self, portion: int) -> dict[str, Fraction]:
-        """Return what a share of `portion` hundredths asks of each capacity."""
+        """Return what a share of `portion` hundredths asks of each capacity (all of it for
+        `PORTIONS`, a whole device): rounded down to the capacity's step, at least one."""
         asked = {}
         for name, entry in self.capacity.items():
             step = _step(name, entry)
-            asked[name] = ceil_div(entry.value * portion / PORTIONS, step) * step
+            steps = max(1, int(entry.value * portion / PORTIONS // step))
+            asked[name] = steps * step
         return asked
 
     def charge(self, portion: int) -> Fraction:
-        """Return the part of one device a share of `portion` hundredths holds: the largest
-        part of any capacity it asks."""
+        """Return what a share of `portion` hundredths is charged: the share, or the largest
+        part of any capacity it asks if that is more."""
         asked = self.requests(portion)
-        return max(asked[name] / entry.value for name, entry in self.capacity.items())
+        parts = (asked[name] / entry.value for name, entry in self.capacity.items())
+        return max(Fraction(portion, PORTIONS), *parts)
+
+    def describe(self, portion: int) -> str:
+        """Say what a share's claim asks of one device, as a message would."""
+        asked = self.requests(portion)
+        return ", ".join(
+            f"{name} {canonical_quantity(asked[name])} of {canonical_quantity(entry.value)}"
+            for name, entry in self.capacity.items()
+        )
 
     def opaque_config(self, driver: str) -> list[dict[str, Any]]:
         """Return the `devices.config` a share's claim carries for the driver, if any."""
@@ -206,6 +229,29 @@ class DraClass(ClassBase):
                 raise ValueError("a selector is an empty CEL expression")
         return selectors
 
+    @field_validator("extended_resource_name")
+    @classmethod
+    def _own_resource_name(cls, name: str | None) -> str | None:
+        if name is not None and name.startswith(DEVICE_CLASS_RESOURCE_PREFIX):
+            raise ValueError(
+                f"{name!r} is the name every DeviceClass has without one of its own; set "
+                "extendedResourceName only to the name the DeviceClass's spec gives"
+            )
+        return name
+
+    @model_validator(mode="after")
+    def _sharing_fits(self) -> DraClass:
+        if self.sharing is None:
+            return self
+        if not self.shareable:
+            raise ValueError("sets sharing and shareable: false; remove one")
+        if self.sharing.strategy == "time-slicing" and self.driver != NVIDIA_DRIVER:
+            raise ValueError(
+                f"strategy time-slicing writes NVIDIA's GpuConfig, which driver {self.driver} "
+                f"does not read; use strategy capacity, or driver {NVIDIA_DRIVER}"
+            )
+        return self
+
     def resource_names(self) -> frozenset[str]:
         return frozenset(self.device_resources())
 
@@ -252,6 +298,18 @@ class DraClass(ClassBase):
             return self.grant(Whole(1))
         return Grant({}, self.sharing.charge(portion), claim=Held.share(portion))
 
+    def held_charge(self, held: Held) -> Fraction:
+        # A share of a class that shares no longer holds at most its one device: charged so
+        # until it ends, never less than it holds.
+        if held.portion:
+            return self.sharing.charge(held.portion) if self.sharing else Fraction(1)
+        return Fraction(held.devices)
+
+    def describe_claim(self, held: Held) -> str:
+        if held.portion and self.sharing is not None:
+            return f"a claim for {self.sharing.describe(held.portion)}"
+        return super().describe_claim(held)
+
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
         # Only `device_resources` are raw resources of the class, read as whole devices.
         return Fraction(0)
@@ -268,13 +326,14 @@ class DraClass(ClassBase):
         if expressions:
             exactly["selectors"] = [{"cel": {"expression": e}} for e in expressions]
         devices: dict[str, Any] = {"requests": [{"name": REQUEST_NAME, "exactly": exactly}]}
-        if held.portion:
-            assert self.sharing is not None  # only a sharing class grants a share
-            asked = self.sharing.requests(held.portion)
+        if self.sharing is not None:
+            # A whole device asks all of every capacity: a driver's default for a capacity
+            # left out may be less (NVIDIA's with a number of shares: one share, no memory).
+            asked = self.sharing.requests(held.portion or PORTIONS)
             exactly["capacity"] = {
-                "requests": {name: format_bytes(amount) for name, amount in asked.items()}
+                "requests": {name: canonical_quantity(amount) for name, amount in asked.items()}
             }
-            if config := self.sharing.opaque_config(self.driver):
+            if held.portion and (config := self.sharing.opaque_config(self.driver)):
                 devices["config"] = config
         return {"devices": devices}
 

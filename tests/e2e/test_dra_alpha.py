@@ -439,7 +439,7 @@ def test_a_dra_extended_resource_becomes_gpuadms_claim_where_gpuadm_governs(
         (entry,) = stored["spec"]["resourceClaims"]
         assert entry["resourceClaimTemplateName"].startswith("gpuadm-a100-shared-1-")
         assert stored["metadata"]["annotations"]["gpuadm.io/demand"] == "a100-shared=1"
-        assert alpha_scheduler.node_of(alpha_namespace, made[-1]) == node
+        assert alpha_scheduler.bound(alpha_namespace, made[-1]) == node
         claim = claim_of_pod(alpha_api, alpha_namespace, made[-1])
         # gpuadm's claim, made by the resourceclaim controller; not the scheduler's own.
         assert EXTENDED_RESOURCE_CLAIM not in (claim["metadata"].get("annotations") or {})
@@ -473,7 +473,7 @@ def test_where_gpuadm_does_not_govern_the_scheduler_makes_the_claim_itself(
     }
     pod = core.create_namespaced_pod(UNGOVERNED, body).metadata.name
     try:
-        assert alpha_scheduler.node_of(UNGOVERNED, pod) == node
+        assert alpha_scheduler.bound(UNGOVERNED, pod) == node
         listed = custom.list_namespaced_custom_object(GROUP, VERSION, UNGOVERNED, "resourceclaims")
         (claim,) = [
             c

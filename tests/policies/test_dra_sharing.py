@@ -17,6 +17,7 @@ from policies import Denial, load_policy, plan, pod_charge
 from policies.backends.dra import DraClass
 from policies.dra_templates import Held, parse_template_name
 from policies.loading import ConfigError
+from policies.quantity import canonical_quantity, parse_quantity
 from tests.builders import POLICY_YAML, pod
 from tests.policies.test_dra import apply, stored_pod
 
@@ -82,33 +83,38 @@ def share_spec(capacity: dict[str, str], config: list[dict[str, Any]] | None = N
         pytest.param(
             "share", {"gpuadm.io/share-memory": "20Gi"}, {"memory": "20Gi"}, Fraction(1, 4)
         ),
-        # 10Gi is 12.5 hundredths of 80Gi: the share is 13 of them, 10649.6Mi, so 10650Mi.
+        # 10Gi is 12.5 hundredths of 80Gi, so 13: 10649.6Mi, rounded down to 10649Mi, which
+        # still holds the 10Gi asked.
         pytest.param(
-            "share",
-            {"gpuadm.io/share-memory": "10Gi"},
-            {"memory": "10650Mi"},
-            Fraction(10650, 81920),
+            "share", {"gpuadm.io/share-memory": "10Gi"}, {"memory": "10649Mi"}, Fraction(13, 100)
         ),
-        # A third is 34 hundredths; 34% of 80Gi is 27852.8Mi, asked as 27853Mi: charged that.
+        # A third is 34 hundredths: 27852.8Mi, asked as 27852Mi; three of them fit one device.
         pytest.param(
-            "share", {"gpuadm.io/share": "0.3333"}, {"memory": "27853Mi"}, Fraction(27853, 81920)
+            "share", {"gpuadm.io/share": "0.3333"}, {"memory": "27852Mi"}, Fraction(34, 100)
         ),
-        # Four slots a device: 30 hundredths take two slots, so half the device is charged.
+        # Four slots a device: 30 hundredths take one slot and 30% of the memory.
         pytest.param(
             "slots",
             {"gpuadm.io/slots": "0.3"},
-            {"memory": "24Gi", "shares": "2"},
-            Fraction(1, 2),
+            {"memory": "24Gi", "shares": "1"},
+            Fraction(3, 10),
+        ),
+        # Ten hundredths are less than a slot, and a claim takes one at least: charged a slot.
+        pytest.param(
+            "slots",
+            {"gpuadm.io/slots": "0.1"},
+            {"memory": "8Gi", "shares": "1"},
+            Fraction(1, 4),
         ),
         pytest.param(
             "slots",
-            {"gpuadm.io/slots": "0.25"},
-            {"memory": "20Gi", "shares": "1"},
-            Fraction(1, 4),
+            {"gpuadm.io/slots": "0.5"},
+            {"memory": "40Gi", "shares": "2"},
+            Fraction(1, 2),
         ),
     ],
 )
-def test_a_share_asks_its_part_of_every_capacity_and_is_charged_the_largest(
+def test_a_share_asks_its_part_of_every_capacity_and_is_charged_at_least_that(
     class_name: str, limits: dict[str, str], requests: dict[str, str], charge: Fraction
 ) -> None:
     mutated, result = apply(asking(class_name, limits), POLICY)
@@ -118,12 +124,17 @@ def test_a_share_asks_its_part_of_every_capacity_and_is_charged_the_largest(
     assert exactly["count"] == 1
     assert result.charge == charge
     assert (result.class_name, result.charge) == pod_charge(mutated, POLICY)
-    # The name says the share, in hundredths; what it holds is never less than the ask.
+    # The name says the share, in hundredths; the charge is never less than the share, nor
+    # than the part of any capacity the claim asks.
     parsed = parse_template_name(template.name)
     assert parsed is not None
-    assert parsed.held.portion
     assert parsed.class_name == class_name
-    assert charge >= Fraction(parsed.held.portion, 100) - Fraction(1, 100)
+    assert charge >= Fraction(parsed.held.portion, 100)
+    gpu_class = POLICY.classes[class_name]
+    assert isinstance(gpu_class, DraClass)
+    assert gpu_class.sharing is not None
+    for name, entry in gpu_class.sharing.capacity.items():
+        assert charge >= parse_quantity(requests[name]) / entry.value
     assert "config" not in template.spec["devices"]
 
 
@@ -168,15 +179,20 @@ def test_hami_drivers_cores_and_memory_are_asked_together() -> None:
     (template,) = result.claim_templates
     exactly = template.spec["devices"]["requests"][0]["exactly"]
     assert exactly["deviceClassName"] == "hami-core-gpu.project-hami.io"
-    assert exactly["capacity"] == {"requests": {"cores": "30", "memory": "7373Mi"}}
-    assert result.charge == Fraction(7373, 24576)
+    assert exactly["capacity"] == {"requests": {"cores": "30", "memory": "7372Mi"}}
+    assert result.charge == Fraction(3, 10)
 
 
-def test_whole_gpus_of_a_sharing_class_hold_the_whole_device_without_capacity_requests() -> None:
-    _, result = apply(asking("share-ts", {"gpuadm.io/share-ts": "2"}), POLICY)
+def test_whole_gpus_of_a_sharing_class_ask_all_of_every_capacity() -> None:
+    # A driver's default for a capacity a claim leaves out may be less than all of it
+    # (NVIDIA's with a number of shares: one share and no memory): asked in full, no share
+    # can sit beside a whole device.
+    _, result = apply(asking("slots", {"gpuadm.io/slots": "2"}), POLICY)
     (template,) = result.claim_templates
     assert template.held == Held(2)
-    assert "capacity" not in template.spec["devices"]["requests"][0]["exactly"]
+    exactly = template.spec["devices"]["requests"][0]["exactly"]
+    assert exactly["capacity"] == {"requests": {"memory": "80Gi", "shares": "4"}}
+    assert exactly["count"] == 2
     assert "config" not in template.spec["devices"]
     assert result.charge == 2
 
@@ -189,11 +205,11 @@ def test_a_share_that_rounds_to_a_whole_device_is_one_device() -> None:
     assert any("rounded up to 1 GPU" in w for w in result.warnings)
 
 
-def test_rounding_up_says_what_the_claim_holds() -> None:
-    _, result = apply(asking("slots", {"gpuadm.io/slots": "0.3"}), POLICY)
+def test_rounding_up_says_what_the_claim_asks() -> None:
+    _, result = apply(asking("slots", {"gpuadm.io/slots": "0.1"}), POLICY)
     assert result.warnings == (
-        'container "main": a share of 0.3 of slots rounded up to 0.5 GPU (a claim for 30 '
-        "hundredths of one device); quota is charged 0.5",
+        'container "main": a share of 0.1 of slots rounded up to 0.25 GPU (a claim for memory '
+        "8Gi of 80Gi, shares 1 of 4); quota is charged 0.25",
     )
 
 
@@ -212,6 +228,39 @@ def test_a_share_of_a_class_that_no_longer_shares_is_made_by_no_one() -> None:
     unshared = POLICY.classes["whole"]
     assert isinstance(unshared, DraClass)
     assert unshared.claim_template("share", template.held) is None
+
+
+def test_a_stored_share_of_a_class_that_shares_no_longer_is_charged_its_whole_device() -> None:
+    # The claim keeps what it was given until the pod ends; quota never counts less.
+    _, result = apply(asking("share", {"gpuadm.io/share": "0.5"}), POLICY)
+    (template,) = result.claim_templates
+    body = stored_pod(template.name, annotations={"gpuadm.io/class": "share"})
+    unshared = load_policy(POLICY_YAML + "  share:\n    backend: dra\n")
+    assert pod_charge(body, unshared) == ("share", Fraction(1))
+    # A new pod cannot get a share there.
+    with pytest.raises(Denial, match="gives whole GPUs only: it sets no `sharing`"):
+        plan(body, unshared)
+
+
+def test_a_stored_share_is_charged_by_todays_sizing_of_its_class() -> None:
+    _, result = apply(asking("slots", {"gpuadm.io/slots": "0.1"}), POLICY)
+    (template,) = result.claim_templates
+    body = stored_pod(template.name, annotations={"gpuadm.io/class": "slots"})
+    assert pod_charge(body, POLICY) == ("slots", Fraction(1, 4))
+
+
+def test_asking_whole_gpus_by_two_names_is_denied_whatever_their_order() -> None:
+    for limits in (
+        {"nvidia.com/gpu": "1", "deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"},
+        {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1", "nvidia.com/gpu": "1"},
+    ):
+        with pytest.raises(Denial) as denied:
+            plan(asking("share", limits), POLICY)
+        assert denied.value.message == (
+            'container "main" asks for whole GPUs of class share through '
+            "deviceclass.resource.kubernetes.io/gpu.nvidia.com and through nvidia.com/gpu "
+            "too; ask through one of them"
+        )
 
 
 def test_memory_asks_need_a_memory_capacity() -> None:
@@ -251,8 +300,8 @@ NO_MEMORY = load_policy(
         ),
         pytest.param(
             "{strategy: capacity, capacity: {memory: 1000000}}",
-            "is not a whole number of steps of 1Mi",
-            id="memory-off-step",
+            "memory: 1000000 is less than one step of 1Mi",
+            id="memory-below-step",
         ),
         pytest.param(
             "{strategy: capacity, capacity: {cores: 0.5}}",
@@ -265,12 +314,30 @@ NO_MEMORY = load_policy(
             id="bad-name",
         ),
         pytest.param(
-            "{strategy: capacity, capacity: {memory: {value: 80Gi, step: 3Gi}}}",
-            "80Gi is not a whole number of steps of 3Gi",
+            "{strategy: capacity, capacity: {memory: {value: 1Gi, step: 2Gi}}}",
+            "1Gi is less than one step of 2Gi",
             id="explicit-step",
         ),
         pytest.param(
             "{strategy: spread, capacity: {memory: 80Gi}}", "strategy", id="unknown-strategy"
+        ),
+        pytest.param(
+            "{strategy: time-slicing, capacity: {memory: 80Gi}}\n"
+            "    driver: hami-core-gpu.project-hami.io",
+            "time-slicing writes NVIDIA's GpuConfig, which driver hami-core-gpu.project-hami.io "
+            "does not read",
+            id="time-slicing-off-nvidia",
+        ),
+        pytest.param(
+            "{strategy: capacity, capacity: {memory: 80Gi}}\n    shareable: false",
+            "sets sharing and shareable: false",
+            id="not-shareable",
+        ),
+        pytest.param(
+            "{strategy: capacity, capacity: {memory: 80Gi}}\n"
+            "    extendedResourceName: deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+            "is the name every DeviceClass has without one of its own",
+            id="implicit-extended-resource-name",
         ),
     ],
 )
@@ -290,8 +357,9 @@ def test_an_explicit_step_rounds_each_request_up_to_it() -> None:
     _, result = apply(asking("stepped", {"gpuadm.io/stepped": "0.35"}), policy)
     (template,) = result.claim_templates
     exactly = template.spec["devices"]["requests"][0]["exactly"]
-    assert exactly["capacity"] == {"requests": {"memory": "32Gi"}}
-    assert result.charge == Fraction(2, 5)
+    # 35% of 80Gi is 28Gi: three steps of 8Gi, 24Gi, so it is charged its share.
+    assert exactly["capacity"] == {"requests": {"memory": "24Gi"}}
+    assert result.charge == Fraction(7, 20)
 
 
 # DRA extended resources (KEP-5004) ---------------------------------------------------------
@@ -383,3 +451,50 @@ def test_a_listed_gpu_device_class_is_a_gpu_resource() -> None:
     policy = load_policy(POLICY_YAML + "gpuDeviceClasses: [accel.example.com]\n")
     with pytest.raises(Denial, match=r"DeviceClass accel\.example\.com, which class"):
         plan(asking("a100", {"deviceclass.resource.kubernetes.io/accel.example.com": "1"}), policy)
+
+
+@pytest.mark.parametrize(
+    ("classes", "message"),
+    [
+        pytest.param(
+            "  mine:\n    backend: dra\n    extendedResourceName: gpuadm.io/mine\n",
+            "class mine: extendedResourceName gpuadm.io/mine is under the policy's domain",
+            id="class-key",
+        ),
+        pytest.param(
+            "  mine:\n    backend: dra\n    extendedResourceName: nvidia.com/gpumem\n",
+            "class mine: extendedResourceName nvidia.com/gpumem is a resource of class a100 too",
+            id="hamis-memory",
+        ),
+        pytest.param(
+            "  mine:\n    backend: dra\n    extendedResourceName: example.com/x\n"
+            "  yours:\n    backend: dra\n    deviceClassName: other.example.com\n"
+            "    extendedResourceName: example.com/x\n",
+            "extendedResourceName example.com/x is a resource of class",
+            id="two-classes",
+        ),
+    ],
+)
+def test_a_dra_extended_resource_must_be_its_own_name(classes: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_policy(POLICY_YAML + classes)
+
+
+@pytest.mark.parametrize(
+    ("amount", "written"),
+    [
+        (40 * 2**30, "40Gi"),
+        (27852 * 2**20, "27852Mi"),
+        (1024, "1Ki"),
+        (2000, "2k"),
+        (1500, "1500"),
+        (10**6, "1M"),
+        (30, "30"),
+        (7, "7"),
+    ],
+)
+def test_a_capacity_request_is_written_as_the_apiserver_stores_it(
+    amount: int, written: str
+) -> None:
+    assert canonical_quantity(Fraction(amount)) == written
+    assert parse_quantity(written) == amount

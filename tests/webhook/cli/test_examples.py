@@ -82,7 +82,8 @@ def test_the_dra_share_example_gets_a_claim_for_half_a_devices_memory(
     assert claim["resourceClaimTemplateName"].startswith("gpuadm-h100-dra-shared-p50-")
     (template,) = result["claimTemplates"]
     devices = template["spec"]["spec"]["devices"]
-    assert devices["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "40Gi"}}
+    # Half of the 81559Mi NVIDIA's driver publishes, rounded down to a MiB: two fit.
+    assert devices["requests"][0]["exactly"]["capacity"] == {"requests": {"memory": "40779Mi"}}
     (config,) = devices["config"]
     assert config["opaque"]["parameters"]["sharing"] == {
         "strategy": "TimeSlicing",
@@ -151,13 +152,13 @@ def test_review_shows_the_claim_and_the_charge_of_each_dra_sharing_strategy(
     arguments = ["review", str(manifest), "--policy", str(policy), "--quotas", str(quotas)]
     assert main([*arguments, "-o", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    # 30Gi is 37.5 hundredths, so 38: 30.4Gi and 3.04 of 8 shares, so 4 of them: half.
-    assert result["demand"] == "h100=0.5"
+    # 30Gi is 37.5 hundredths, so 38: 31129.6Mi and 3.04 of 8 shares, each rounded down.
+    assert result["demand"] == "h100=0.38"
     (template,) = result["claimTemplates"]
     assert template["metadata"]["name"].startswith("gpuadm-h100-p38-")
     devices = template["spec"]["spec"]["devices"]
     requests = devices["requests"][0]["exactly"]["capacity"]["requests"]
-    assert requests == {"memory": "31130Mi", "shares": "4"}
+    assert requests == {"memory": "31129Mi", "shares": "3"}
     if config is None:
         assert "config" not in devices
     else:
@@ -165,8 +166,11 @@ def test_review_shows_the_claim_and_the_charge_of_each_dra_sharing_strategy(
     # The text form says the charge, and why it is more than was asked.
     assert main(arguments) == 0
     text = capsys.readouterr().out
-    assert "demand: h100=0.5" in text
-    assert "rounded up to 0.5 GPU (a claim for 38 hundredths of one device)" in text
+    assert "demand: h100=0.38" in text
+    assert (
+        "30Gi of GPU memory of h100 rounded up to 0.38 GPU (a claim for memory 31129Mi of "
+        "80Gi, shares 3 of 8); quota is charged 0.38"
+    ) in text
 
 
 def test_review_shows_why_mps_cannot_share_a_dra_device(
