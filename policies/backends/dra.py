@@ -69,7 +69,6 @@ MAX_DEVICES = 32
 # (api/nvidia.com/resource/v1beta1).
 NVIDIA_DRIVER = "gpu.nvidia.com"
 NVIDIA_CONFIG_VERSION = "resource.nvidia.com/v1beta1"
-TIME_SLICE_INTERVALS = ("Default", "Short", "Medium", "Long")
 
 
 def _amount(value: object) -> Fraction:
@@ -86,8 +85,8 @@ Amount = Annotated[Fraction, BeforeValidator(_amount)]
 
 
 class Capacity(Model):
-    """One capacity a device of the class publishes: all of it, and the step a claim's
-    request of it is rounded up to."""
+    """One capacity a device of the class publishes: all of it, and the step a share's
+    request of it is rounded down to."""
 
     value: Amount
     # None: 1Mi for `memory` (what NVIDIA's and HAMi's drivers step memory by), else 1.
@@ -105,7 +104,8 @@ class Sharing(Model):
 
     strategy: Literal["capacity", "time-slicing", "mps"]
     # What one device of the class publishes, by capacity name: a share asks its part of
-    # each. A capacity the device has and this leaves out, a share would hold whole.
+    # each. A capacity the device has and this leaves out, each share takes at the driver's
+    # default (often all of it).
     capacity: dict[str, Annotated[Capacity, BeforeValidator(_capacity)]]
     # time-slicing: NVIDIA's time slice (`timeSlicingConfig.interval`).
     interval: Literal["Default", "Short", "Medium", "Long"] | None = None
@@ -294,6 +294,11 @@ class DraClass(ClassBase):
                 "capacity; ask for 1 or more"
             )
         portion = ceil_div(self._share_fraction(ask) * PORTIONS, 1)
+        if isinstance(ask, MemoryShare):
+            # Rounded down to its step, the memory of a share may fall short of an ask that
+            # is not a whole number of steps: such an ask takes one hundredth more.
+            while portion < PORTIONS and self.sharing.requests(portion)["memory"] < ask.memory:
+                portion += 1
         if portion >= PORTIONS:
             return self.grant(Whole(1))
         return Grant({}, self.sharing.charge(portion), claim=Held.share(portion))

@@ -498,3 +498,14 @@ def test_a_capacity_request_is_written_as_the_apiserver_stores_it(
 ) -> None:
     assert canonical_quantity(Fraction(amount)) == written
     assert parse_quantity(written) == amount
+
+
+def test_a_memory_ask_off_the_step_is_never_given_less() -> None:
+    # 819.1Mi is a hair under a hundredth of 80Gi (819.2Mi): one hundredth asks 819Mi, less
+    # than asked, so the share takes two.
+    asked = Fraction(8191, 10) * 2**20
+    _, result = apply(asking("share", {"gpuadm.io/share-memory": str(int(asked))}), POLICY)
+    (template,) = result.claim_templates
+    requests = template.spec["devices"]["requests"][0]["exactly"]["capacity"]["requests"]
+    assert parse_quantity(requests["memory"]) >= int(asked)
+    assert template.held == Held(1, 2)
