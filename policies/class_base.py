@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from functools import cached_property
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple
 
 from pydantic import (
     AfterValidator,
@@ -99,6 +99,17 @@ class Toleration(Model):
         return self.model_dump(by_alias=True, exclude_none=True)
 
 
+class DevicesConfigMaps(NamedTuple):
+    """The ConfigMaps through which a GPU stack hands a share's container its GPUs (KAI's
+    binder writes `NVIDIA_VISIBLE_DEVICES` into them, in the pod's namespace)."""
+
+    # The names the stack gives them, as a pattern that both Python's `re` and the
+    # apiserver's CEL (RE2) read alike: the shipped webhook routes their writes by it.
+    names: re.Pattern[str]
+    # Who writes them, as messages name it.
+    writer: str
+
+
 class ClassBase(Model):
     """What every class has, whatever its backend."""
 
@@ -119,6 +130,11 @@ class ClassBase(Model):
     # rather than from its containers' resources (KAI's `gpu-fraction`): gpuadm writes them,
     # reads them back as the pod's demand (`read_request`), and lets no one else change them.
     request_annotations: ClassVar[tuple[str, ...]] = ()
+    # The ConfigMaps through which the class's stack hands a share's container its GPUs, or
+    # None: in a namespace gpuadm governs only `gpuStackUsers` write them
+    # (`guard.allocationAnnotations`), and the guard lets a container read its GPUs only from
+    # one of these (`stack_devices_env`).
+    devices_config_maps: ClassVar[DevicesConfigMaps | None] = None
 
     memory: Bytes | None = None
     models: list[GpuName] | None = None

@@ -124,8 +124,9 @@ class Guard(Model):
     # A hostPath volume of /dev/char, /run/nvidia/driver/dev, or a directory above them.
     device_dir_host_path: bool = True
     # The annotations with which HAMi's and Volcano's schedulers tell their device plugins
-    # which devices to give a pod: a pod may not bring them, and only `gpuStackUsers` change
-    # them.
+    # which devices to give a pod, and what KAI's binder writes of a share it binds (the GPU
+    # group on the pod, the GPUs in a ConfigMap of the pod's namespace): a pod may not bring
+    # them, and only `gpuStackUsers` write them.
     allocation_annotations: bool = True
 
 
@@ -140,8 +141,8 @@ class Policy(Model):
     # More DeviceClasses whose devices are GPUs, besides NVIDIA's and those of the policy's
     # dra classes: claims for them are gpuadm's alone (`guard.foreignGpuClaims`).
     gpu_device_classes: list[str] = Field(default_factory=list)
-    # The users of the GPU stack's own scheduler and device plugin, who write the allocation
-    # annotations of pods (`guard.allocationAnnotations`).
+    # The users of the GPU stack's own scheduler, binder and device plugin, who write the
+    # allocation annotations of pods and KAI's share ConfigMaps (`guard.allocationAnnotations`).
     gpu_stack_users: list[str] = Field(default_factory=lambda: list(DEFAULT_GPU_STACK_USERS))
 
     @field_validator("domain")
@@ -351,13 +352,20 @@ SHIPPED_DOMAIN = "gpuadm.io"
 ROUTED_REQUEST_ANNOTATIONS: frozenset[str] = frozenset(
     {"gpu-fraction", "gpu-memory", "gpu-fraction-num-devices", "gpu-fraction-container-name"}
 )
+# The names (as patterns) of the ConfigMaps through which a stack hands a share its GPUs
+# (KAI's) whose creates and updates the shipped validating webhook sends gpuadm (its
+# validate-configmaps.gpuadm.io webhook), and no other ConfigMap's.
+ROUTED_DEVICES_CONFIG_MAPS: frozenset[str] = frozenset({"-shared-gpu-i?[0-9]+(-evar)?$"})
 
 
 def routing_warnings(policy: Policy) -> list[str]:
-    """Return the resources of a valid policy that the shipped webhooks never send to gpuadm.
+    """Return what of a valid policy the shipped webhooks never send to gpuadm: resources,
+    updates of the annotations a stack reads a share from, writes of the ConfigMaps through
+    which a stack hands a share its GPUs.
 
-    A pod asking only for them is never reviewed: it passes without quota or rewrite. The
-    Helm chart routes more through `gpuResources.extraNames` and `extraPrefixes`.
+    A pod asking only for such resources is never reviewed: it passes without quota or
+    rewrite. The Helm chart routes more through `gpuResources.extraNames` and
+    `extraPrefixes`.
     """
     routed = _default_resource_names()
     warnings = []
@@ -395,5 +403,14 @@ def routing_warnings(policy: Policy) -> list[str]:
                 f"({', '.join(unrouted)}), so a pending pod's share could be changed after "
                 "admission, past quota; add them to the validating webhook's "
                 "update-concerns-gpuadm matchCondition"
+            )
+        stack = gpu_class.devices_config_maps
+        if stack is not None and stack.names.pattern not in ROUTED_DEVICES_CONFIG_MAPS:
+            warnings.append(
+                f"class {name}: the shipped webhooks do not send gpuadm the writes of the "
+                f"ConfigMaps through which {stack.writer} hands a share its GPUs (named "
+                f"{stack.names.pattern}), so a tenant could write one that names every GPU "
+                "of the node; add the pattern to the matchCondition of the validating "
+                "webhook validate-configmaps.gpuadm.io"
             )
     return warnings

@@ -19,6 +19,9 @@ docs/backends.md names each file):
   it never writes it, and refuses a pod that brings it.
 - the queue: the pod label `kai.scheduler/queue` (KAI's `--queue-label-key`), unless the pod's
   top owner has one; the scheduler: `kai-scheduler`.
+- the device wiring: KAI's binder writes the GPUs it reserved for a share into ConfigMaps in
+  the pod's namespace, which the share's container reads its `NVIDIA_VISIBLE_DEVICES` from
+  (`pkg/binder/common/gpusharingconfigmap/config_map.go`): only `gpuStackUsers` write them.
 """
 
 from __future__ import annotations
@@ -31,7 +34,14 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import AfterValidator, Field, model_validator
 
 from policies.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.class_base import LABEL_VALUE, ClassBase, Model, NamespaceName, ResourceName
+from policies.class_base import (
+    LABEL_VALUE,
+    ClassBase,
+    DevicesConfigMaps,
+    Model,
+    NamespaceName,
+    ResourceName,
+)
 from policies.errors import Denial
 from policies.pod_shape import shown
 from policies.pod_view import ContainerView, PodView
@@ -53,6 +63,13 @@ DEFAULT_QUEUE_LABEL = "kai.scheduler/queue"
 # hands the share's container its GPU (`<name>-<index>`, `<name>-i<index>` for an init
 # container), and points the container's NVIDIA_VISIBLE_DEVICES at one of them.
 SHARED_GPU_CONFIGMAP = "runai/shared-gpu-configmap"
+# The names of those ConfigMaps (`config_map.go`): the annotation holds a prefix that KAI's
+# webhook makes `<pod or owner name>-<7 random characters>-shared-gpu` (it keeps one the pod
+# brings), and the binder upserts `<prefix>-<index>` for an app container, `<prefix>-i<index>`
+# for an init container, each with `-evar` after it for the one read through `envFrom`. The
+# same text is the shipped validating webhook's CEL (RE2), which routes their writes.
+SHARE_CONFIG_MAP_PATTERN = "-shared-gpu-i?[0-9]+(-evar)?$"
+SHARE_CONFIG_MAPS = DevicesConfigMaps(re.compile(SHARE_CONFIG_MAP_PATTERN), "KAI's binder")
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 # KAI counts portions of a GPU in hundredths, and a GPU's memory in whole hundreds of MiB.
 PORTION_STEP = 100
@@ -113,6 +130,7 @@ class KaiClass(ClassBase):
         FRACTION_DEVICES,
         FRACTION_CONTAINER,
     )
+    devices_config_maps: ClassVar[DevicesConfigMaps | None] = SHARE_CONFIG_MAPS
     backend: Literal["kai"] = "kai"
     resource: ResourceName = "nvidia.com/gpu"
     # The pod label KAI reads the queue from: `kai.scheduler/queue` unless KAI runs with
@@ -251,7 +269,12 @@ class KaiClass(ClassBase):
         index = (
             f"i{container.position}" if container.kind == "initContainers" else container.position
         )
-        reference = {"name": f"{prefix}-{index}", "key": VISIBLE_DEVICES}
+        name = f"{prefix}-{index}"
+        if not SHARE_CONFIG_MAPS.names.search(name):
+            # KAI keeps a prefix the pod brings: one outside KAI's form would name a
+            # ConfigMap the tenant may write, and the entry would give any GPU it names.
+            return None
+        reference = {"name": name, "key": VISIBLE_DEVICES}
         return container, {"name": VISIBLE_DEVICES, "valueFrom": {"configMapKeyRef": reference}}
 
 

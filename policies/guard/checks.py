@@ -1,6 +1,7 @@
 """The guard's entry points: a new pod (`check_guard`), the ephemeral containers an update
-adds (`check_added_containers`), and an update of the allocation annotations
-(`check_allocation_update`)."""
+adds (`check_added_containers`), an update of the allocation annotations
+(`check_allocation_update`), and a write of a ConfigMap through which a GPU stack hands a
+share its GPUs (`check_devices_config_map`)."""
 
 from __future__ import annotations
 
@@ -128,6 +129,44 @@ def check_allocation_update(
 
 
 KINDS = ("annotation", "label")
+
+
+def check_devices_config_map(name: str, policy: Policy, *, user: str, namespace: str) -> None:
+    """Refuse a create or update, by anyone but the GPU stack, of a ConfigMap named as a
+    class's stack names those through which it hands a share's container its GPUs.
+
+    KAI's binder writes the GPUs it reserved for a share into such a ConfigMap in the pod's
+    namespace, and the share's container reads `NVIDIA_VISIBLE_DEVICES` from it when it
+    starts: one written by a tenant, made before the binder's or edited after it, could name
+    every GPU of the node to a pod charged for 1% of one. Its writers are the policy's
+    `gpuStackUsers` (KAI's binder among them by default). Deleting one takes no GPU from
+    anyone, so deletes are not judged. `namespace` is the ConfigMap's: in an exempt one,
+    nothing is refused.
+    """
+    if (
+        not policy.guard.allocation_annotations
+        or user in policy.gpu_stack_users
+        or namespace in policy.exempt_namespaces
+    ):
+        return
+    writers = sorted(
+        {
+            stack.writer
+            for gpu_class in policy.classes.values()
+            if (stack := gpu_class.devices_config_maps) is not None and stack.names.search(name)
+        }
+    )
+    if not writers:
+        return
+    who = shown_value(user) or "an unnamed user"
+    raise Denial(
+        f"ConfigMap {shown_value(name)} in namespace {shown_value(namespace)} is named as "
+        f"{' and '.join(writers)} names the ConfigMap that hands a GPU share its GPUs (its "
+        "container reads NVIDIA_VISIBLE_DEVICES from it), so only the GPU stack (the "
+        f"policy's gpuStackUsers) may create or change it, not {who}: a pod charged for a "
+        f"share would see every GPU it names. If {who} is the GPU stack's own, an admin "
+        "adds it to the policy's gpuStackUsers"
+    )
 
 
 def _same(one: ContainerView, other: ContainerView) -> bool:

@@ -24,12 +24,13 @@ from policies import (
     pod_charge,
     require_fixed_point,
 )
-from policies.guard import check_allocation_update
+from policies.backends.kai import SHARE_CONFIG_MAPS
+from policies.guard import check_allocation_update, check_devices_config_map
 from policies.policy import DEFAULT_GPU_STACK_USERS, routing_warnings
 from policies.quantity import format_amount
 from policies.rewrite import memo_key
 from tests.apiserver_rules import violations
-from tests.builders import container, pod
+from tests.builders import POLICY_YAML, container, pod
 
 KAI_POLICY_YAML = """
 domain: gpuadm.io
@@ -666,6 +667,13 @@ def _visible(body: dict[str, Any], index: int = 0) -> dict[str, Any]:
     return entry
 
 
+def _prefixed(body: dict[str, Any], prefix: str) -> None:
+    """Give the pod a ConfigMap prefix of its own, as KAI's webhook keeps one a pod brings,
+    and the share's container the wiring KAI's webhook would give it with that prefix."""
+    body["metadata"]["annotations"]["runai/shared-gpu-configmap"] = prefix
+    _visible(body)["valueFrom"]["configMapKeyRef"]["name"] = f"{prefix}-0"
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -682,6 +690,8 @@ def _visible(body: dict[str, Any], index: int = 0) -> dict[str, Any]:
             lambda b: b["metadata"]["annotations"].pop("runai/shared-gpu-configmap"),
             id="no-configmap-named",
         ),
+        pytest.param(lambda b: _prefixed(b, "mine"), id="a-prefix-outside-kais-form"),
+        pytest.param(lambda b: _prefixed(b, "p-shared-gpu-x"), id="a-prefix-near-kais-form"),
         pytest.param(
             lambda b: b["spec"]["containers"].append(
                 {**copy.deepcopy(b["spec"]["containers"][0]), "name": "second"}
@@ -753,6 +763,120 @@ def test_only_kais_binder_changes_what_it_writes(
     assert denial.value.message.startswith(f"{where[:-1]} {key} may be changed only by")
     assert BINDER in DEFAULT_GPU_STACK_USERS
     check_allocation_update(old, new, kai, BINDER)
+
+
+def test_the_devices_variable_is_let_be_only_from_a_configmap_only_the_stack_writes(
+    kai: Policy,
+) -> None:
+    """KAI keeps a prefix the pod brings; one in KAI's form names ConfigMaps only KAI's
+    binder may write, so the entry that reads them is KAI's wiring, and is let be."""
+    body = kai_mutated(kai)
+    _prefixed(body, "mine-shared-gpu")
+    guarded(body, kai)
+    name = body["spec"]["containers"][0]["env"][0]["valueFrom"]["configMapKeyRef"]["name"]
+    with pytest.raises(Denial, match="ConfigMap mine-shared-gpu-0 in namespace team-a"):
+        check_devices_config_map(name, kai, user="alice", namespace="team-a")
+
+
+# --- KAI's share ConfigMaps ------------------------------------------------------------------
+
+TENANT = "alice"
+KAI_NAMES = [
+    pytest.param("train-x7k2m9q-shared-gpu-0", id="app-container"),
+    pytest.param("train-x7k2m9q-shared-gpu-10", id="app-container-10"),
+    pytest.param("train-x7k2m9q-shared-gpu-i0", id="init-container"),
+    pytest.param("train-x7k2m9q-shared-gpu-0-evar", id="evar"),
+    pytest.param("train-x7k2m9q-shared-gpu-i2-evar", id="init-container-evar"),
+]
+OTHER_NAMES = [
+    pytest.param("settings", id="ordinary"),
+    pytest.param("train-x7k2m9q-shared-gpu", id="the-prefix-alone"),
+    pytest.param("train-x7k2m9q-shared-gpu-0-evar-old", id="after-evar"),
+    pytest.param("train-x7k2m9q-shared-gpu-0x", id="after-the-index"),
+    pytest.param("train-x7k2m9q-shared-gpus-0", id="near-miss"),
+    pytest.param("shared-gpu-0", id="no-dash-before"),
+    pytest.param("", id="no-name"),
+]
+
+
+@pytest.mark.parametrize("name", KAI_NAMES)
+def test_a_tenant_may_not_write_a_configmap_named_as_kais_binder_names_them(
+    kai: Policy, name: str
+) -> None:
+    with pytest.raises(Denial) as denial:
+        check_devices_config_map(name, kai, user=TENANT, namespace="team-a")
+    assert denial.value.message == (
+        f"ConfigMap {name} in namespace team-a is named as KAI's binder names the ConfigMap "
+        "that hands a GPU share its GPUs (its container reads NVIDIA_VISIBLE_DEVICES from "
+        "it), so only the GPU stack (the policy's gpuStackUsers) may create or change it, "
+        "not alice: a pod charged for a share would see every GPU it names. If alice is the "
+        "GPU stack's own, an admin adds it to the policy's gpuStackUsers"
+    )
+
+
+@pytest.mark.parametrize("name", KAI_NAMES)
+def test_kais_binder_writes_its_configmaps(kai: Policy, name: str) -> None:
+    assert BINDER in DEFAULT_GPU_STACK_USERS
+    check_devices_config_map(name, kai, user=BINDER, namespace="team-a")
+
+
+@pytest.mark.parametrize("name", OTHER_NAMES)
+def test_a_tenant_writes_any_other_configmap(kai: Policy, name: str) -> None:
+    check_devices_config_map(name, kai, user=TENANT, namespace="team-a")
+
+
+@pytest.mark.parametrize(
+    ("policy_yaml", "namespace"),
+    [
+        pytest.param(POLICY_YAML, "team-a", id="no-kai-class"),
+        pytest.param(KAI_POLICY_YAML + "exemptNamespaces: [lab]\n", "lab", id="exempt-namespace"),
+        pytest.param(
+            KAI_POLICY_YAML + "guard: {allocationAnnotations: false}\n",
+            "team-a",
+            id="guard-switched-off",
+        ),
+        pytest.param(
+            KAI_POLICY_YAML + "gpuStackUsers: [alice]\n", "team-a", id="tenant-named-the-stack"
+        ),
+    ],
+)
+def test_where_kais_configmaps_are_not_guarded(policy_yaml: str, namespace: str) -> None:
+    policy = load_policy(policy_yaml)
+    check_devices_config_map("train-x7k2m9q-shared-gpu-0", policy, user=TENANT, namespace=namespace)
+
+
+def test_the_stack_is_whoever_the_policy_names() -> None:
+    """A policy that names its own stack users trusts those, and KAI's binder no more."""
+    own = load_policy(KAI_POLICY_YAML + "gpuStackUsers: [system:serviceaccount:kai:binder]\n")
+    check_devices_config_map(
+        "x-shared-gpu-0", own, user="system:serviceaccount:kai:binder", namespace="t"
+    )
+    with pytest.raises(Denial, match=f"not {BINDER}: a pod charged"):
+        check_devices_config_map("x-shared-gpu-0", own, user=BINDER, namespace="t")
+
+
+# KAI's webhook makes a prefix of the pod's (or its owner's) name, cut and trimmed of '.' and
+# '-', then 7 characters of k8s.io/apimachinery's utilrand alphabet, then `shared-gpu`.
+_BASE = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,40}[a-z0-9])?", fullmatch=True)
+_RANDOM = st.text(alphabet="bcdfghjklmnpqrstvwxz2456789", min_size=7, max_size=7)
+
+
+@given(
+    base=_BASE,
+    random=_RANDOM,
+    index=st.integers(min_value=0, max_value=99),
+    init=st.booleans(),
+    evar=st.booleans(),
+)
+@settings(max_examples=200, deadline=None)
+def test_every_name_kais_binder_gives_is_guarded(
+    base: str, random: str, index: int, init: bool, evar: bool
+) -> None:
+    name = f"{base}-{random}-shared-gpu-{'i' if init else ''}{index}{'-evar' if evar else ''}"
+    assert SHARE_CONFIG_MAPS.names.search(name)
+    policy = load_policy(KAI_POLICY_YAML)
+    with pytest.raises(Denial):
+        check_devices_config_map(name, policy, user=TENANT, namespace="team-a")
 
 
 @pytest.mark.parametrize(
@@ -830,3 +954,14 @@ def test_check_config_would_say_which_share_updates_went_unrouted(
     (warning,) = [w for w in routing_warnings(kai) if w.startswith("class a100:")]
     assert "(gpu-fraction, gpu-fraction-num-devices, gpu-fraction-container-name)" in warning
     assert "update-concerns-gpuadm" in warning
+
+
+def test_check_config_would_say_that_kais_configmaps_went_unrouted(
+    kai: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Should the shipped webhook stop routing KAI's ConfigMaps, check-config says so."""
+    monkeypatch.setattr("policies.policy.ROUTED_DEVICES_CONFIG_MAPS", frozenset())
+    warnings = [w for w in routing_warnings(kai) if "ConfigMaps" in w]
+    assert [w.split(":", 1)[0] for w in warnings] == ["class a100", "class h100", "class whole"]
+    assert "KAI's binder hands a share its GPUs" in warnings[0]
+    assert "validate-configmaps.gpuadm.io" in warnings[0]
