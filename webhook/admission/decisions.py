@@ -27,7 +27,7 @@ from policies import (
     require_fixed_point,
 )
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
-from policies.guard import check_allocation_update
+from policies.guard import check_allocation_update, check_devices_config_map
 from policies.judge import QuotaVerdict
 from policies.pod_shape import check_update_shape
 from policies.pod_view import PodView, view_pod
@@ -46,12 +46,12 @@ from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig
 from webhook.quota.gate import QuotaGate
 from webhook.reviews.large_pods import off_loop_if_large
-from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, AdmissionRequest
+from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, CONFIG_MAP, AdmissionRequest
 
 # What a pod's creation meets before it is rewritten.
 MUTATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, pods, operations("CREATE"))
-# What a request meets before it is judged as stored: pods and DRA claims are judged when
-# created or updated.
+# What a request meets before it is judged as stored: pods, DRA claims and ConfigMaps are
+# judged when created or updated.
 VALIDATE_FILTERS: tuple[Filter, ...] = (exempt_namespace, operations("CREATE", "UPDATE"))
 
 
@@ -154,7 +154,7 @@ async def validate(
     trusted: Trusted,
 ) -> Decision:
     """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys;
-    and judge DRA claims and templates written in a governed namespace."""
+    and judge DRA claims and templates, and ConfigMaps, written in a governed namespace."""
     snapshot = _judged_or_snapshot(request, config)
     if isinstance(snapshot, Decision):
         return snapshot
@@ -172,6 +172,8 @@ async def validate_under(
     """Judge a request under one given config snapshot (as `gpuadm review` does)."""
     if (answer := first_answer(VALIDATE_FILTERS, request, config)) is not None:
         return answer
+    if request.kind == CONFIG_MAP:
+        return _validate_config_map(request, config)
     if not request.is_pod:
         return _validate_claim_object(request, config, trusted)
     if request.operation == "UPDATE":
@@ -239,6 +241,23 @@ def _validate_claim_object(
     except Denial as denial:
         return Decision("denied", denial.message, revisions=revisions)
     return Decision("allowed", revisions=revisions)
+
+
+def _validate_config_map(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
+    """Judge a ConfigMap written in a governed namespace: those through which KAI's binder
+    hands a share its GPUs are the GPU stack's to write (`policies.guard`)."""
+    metadata = request.object.get("metadata")
+    name = metadata.get("name") if isinstance(metadata, dict) else None
+    try:
+        check_devices_config_map(
+            name if isinstance(name, str) and name else request.name,
+            config.policy,
+            user=request.user,
+            namespace=request.namespace,
+        )
+    except Denial as denial:
+        return Decision("denied", denial.message, revisions=config.revisions)
+    return Decision("allowed", revisions=config.revisions)
 
 
 def _validate_update(

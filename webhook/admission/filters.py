@@ -27,7 +27,8 @@ def judged_kind(request: AdmissionRequest) -> Decision | None:
     if request.is_judged:
         return None
     return Decision(
-        "allowed", f"gpuadm judges Pods and DRA claims only; {request.kind} passes unchanged"
+        "allowed",
+        f"gpuadm judges Pods, DRA claims and ConfigMaps only; {request.kind} passes unchanged",
     )
 
 

@@ -2,8 +2,8 @@
 
 Anything wrong with the review itself (not JSON, not a review, no uid, a request field of the
 wrong type) raises `BadReview`, which the HTTP edge turns into a 400 with the reason. A
-well-formed review of another kind than Pod is decoded like any other, and is not gpuadm's
-to judge. What is wrong with the pod is not decided here.
+well-formed review of another kind than those gpuadm judges (`JUDGED_KINDS`) is decoded like
+any other, and is not gpuadm's to judge. What is wrong with the pod is not decided here.
 """
 
 from __future__ import annotations
@@ -26,7 +26,9 @@ POD = "Pod"
 # The DRA objects gpuadm judges, as `AdmissionRequest.kind` names them.
 CLAIM = "ResourceClaim.resource.k8s.io"
 CLAIM_TEMPLATE = "ResourceClaimTemplate.resource.k8s.io"
-JUDGED_KINDS = (POD, CLAIM, CLAIM_TEMPLATE)
+# The ConfigMaps through which KAI's binder hands a share its GPUs are judged by name.
+CONFIG_MAP = "ConfigMap"
+JUDGED_KINDS = (POD, CLAIM, CLAIM_TEMPLATE, CONFIG_MAP)
 # The JSON type of each request field the apiserver sends; null stands for an absent field.
 _REQUEST_FIELDS: dict[str, tuple[type, str]] = {
     "kind": (dict, "an object"),
@@ -87,8 +89,8 @@ class AdmissionRequest:
 
     @property
     def is_judged(self) -> bool:
-        """Tell whether the review is of a kind gpuadm judges: pods, and DRA claims and
-        templates."""
+        """Tell whether the review is of a kind gpuadm judges: pods, DRA claims and
+        templates, and ConfigMaps."""
         return self.kind in JUDGED_KINDS
 
     @property

@@ -33,7 +33,7 @@ TRUSTED = "system:serviceaccount:gpuadm-system:gpuadm"
 DRA_POLICY_YAML = (
     POLICY_YAML + "  h100-dra:\n    backend: dra\n    models: [NVIDIA H100 80GB HBM3]\n"
 )
-OTHER_KIND = "gpuadm judges Pods and DRA claims only; Deployment.apps passes unchanged"
+OTHER_KIND = "gpuadm judges Pods, DRA claims and ConfigMaps only; Deployment.apps passes unchanged"
 
 
 class Templates:

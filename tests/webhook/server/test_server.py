@@ -211,7 +211,7 @@ async def test_bad_reviews_get_a_4xx_with_the_reason(
     ("kind", "named"),
     [
         pytest.param({"group": "apps", "version": "v1", "kind": "Deployment"}, "Deployment.apps"),
-        pytest.param({"group": "", "version": "v1", "kind": "ConfigMap"}, "ConfigMap"),
+        pytest.param({"group": "", "version": "v1", "kind": "Secret"}, "Secret"),
         pytest.param({"group": "example.com", "version": "v1", "kind": "Pod"}, "Pod.example.com"),
     ],
 )
@@ -227,7 +227,9 @@ async def test_a_review_of_another_kind_is_allowed_without_patch(
         "allowed": True,
         "auditAnnotations": {
             "decision": "allowed",
-            "reason": f"gpuadm judges Pods and DRA claims only; {named} passes unchanged",
+            "reason": (
+                f"gpuadm judges Pods, DRA claims and ConfigMaps only; {named} passes unchanged"
+            ),
         },
     }
 
