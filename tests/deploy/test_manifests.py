@@ -29,10 +29,15 @@ import yaml
 from cel_expr_python import cel
 
 from policies import Denial, check_guard, load_policy
+from policies.backends.kai import SHARE_CONFIG_MAPS
 from policies.guard import ALLOCATION_ANNOTATIONS
 from policies.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
-from policies.policy import ROUTED_REQUEST_ANNOTATIONS, _default_resource_names
+from policies.policy import (
+    ROUTED_DEVICES_CONFIG_MAPS,
+    ROUTED_REQUEST_ANNOTATIONS,
+    _default_resource_names,
+)
 from tests.builders import POLICY_YAML
 from tests.gpu_stacks import STACK_PODS, StackPod
 
@@ -440,7 +445,7 @@ def test_mutating_webhook_fails_open_and_is_reinvoked(rendered: Rendered) -> Non
 
 
 def test_validating_webhook_fails_closed(rendered: Rendered) -> None:
-    webhook, claims = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+    webhook, claims, config_maps = rendered.one("ValidatingWebhookConfiguration")["webhooks"]
     assert webhook["name"] == "validate.gpuadm.io"
     _check_common_webhook_settings(webhook, "/validate")
     ephemeral = {**_pod_rule("UPDATE"), "resources": ["pods/ephemeralcontainers"]}
@@ -462,6 +467,16 @@ def test_validating_webhook_fails_closed(rendered: Rendered) -> None:
     assert "matchConditions" not in claims
     assert claims["sideEffects"] == "None"
     assert claims["failurePolicy"] == "Fail"
+    # KAI's share ConfigMaps: created or updated (never deleted), in the same namespaces,
+    # failing closed, and only those whose name says so (the CEL tests below).
+    assert config_maps["name"] == "validate-configmaps.gpuadm.io"
+    assert config_maps["clientConfig"] == webhook["clientConfig"]
+    assert config_maps["namespaceSelector"] == webhook["namespaceSelector"]
+    assert config_maps["rules"] == [{**_pod_rule("CREATE", "UPDATE"), "resources": ["configmaps"]}]
+    assert [c["name"] for c in config_maps["matchConditions"]] == ["kai-share-configmap"]
+    assert config_maps["sideEffects"] == "None"
+    assert config_maps["timeoutSeconds"] == claims["timeoutSeconds"] == webhook["timeoutSeconds"]
+    assert config_maps["failurePolicy"] == "Fail"
 
 
 def _pod_labels(rendered: Rendered) -> dict[str, str]:
@@ -735,15 +750,15 @@ def test_no_variant_sets_a_ca_bundle(rendered: Rendered) -> None:
     """gpuadm, cert-manager's CA injector or the admin writes it, and an apply or upgrade
     leaves what they wrote in place."""
     bundles = _ca_bundles(rendered)
-    assert len(bundles) == 3
+    assert len(bundles) == 4
     assert set(bundles) == {None}
 
 
 def test_helm_puts_the_ca_of_the_admins_secret_in_every_webhook(
     render: Render, tmp_path: Path
 ) -> None:
-    """With tls.caBundle, no webhook is left to patch by hand: the claims webhook, the
-    validating configuration's second, fails closed like the first."""
+    """With tls.caBundle, no webhook is left to patch by hand: the claims and ConfigMaps
+    webhooks, the validating configuration's second and third, fail closed like the first."""
     bundle = base64.b64encode(CA_PEM.encode()).decode()
     values = tmp_path / "ca.yaml"
     values.write_text(yaml.safe_dump({"tls": {"existingSecret": "my-tls", "caBundle": bundle}}))
@@ -1665,3 +1680,86 @@ def test_updates_of_kais_gpu_group_labels_reach_the_validating_webhook(
     assert sent_to_webhook(validating, "UPDATE", plain, labelled) is True
     other = pod(container(), labels={"runai-gpu-groups": "abc"})
     assert sent_to_webhook(validating, "UPDATE", other, plain) is False
+
+
+# --- KAI's share ConfigMaps --------------------------------------------------------------------
+
+
+def config_map(name: str | None, namespace: str = "team-a") -> Obj:
+    metadata: Obj = {"namespace": namespace}
+    if name is not None:
+        metadata["name"] = name
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": {"k": "v"}}
+
+
+@pytest.fixture(params=["kustomize-base", "helm"])
+def config_map_webhook(request: pytest.FixtureRequest, render: Render) -> Obj:
+    """The validating webhook of one render that judges ConfigMaps."""
+    rendered = Rendered(request.param, render(request.param))
+    found: list[Obj] = [
+        webhook
+        for webhook in rendered.one("ValidatingWebhookConfiguration")["webhooks"]
+        if "configmaps" in webhook["rules"][0]["resources"]
+    ]
+    assert len(found) == 1
+    return found[0]
+
+
+# As KAI's binder names them (kai-scheduler/KAI-Scheduler,
+# pkg/binder/common/gpusharingconfigmap/config_map.go): `<base>-<7 random>-shared-gpu`, then
+# `-<index>` for an app container, `-i<index>` for an init container, and `-evar` after either.
+KAI_NAMES = [
+    pytest.param("train-x7k2m9q-shared-gpu-0", id="app-container"),
+    pytest.param("train-x7k2m9q-shared-gpu-12", id="app-container-12"),
+    pytest.param("train-x7k2m9q-shared-gpu-i0", id="init-container"),
+    pytest.param("train-x7k2m9q-shared-gpu-0-evar", id="evar"),
+    pytest.param("train-x7k2m9q-shared-gpu-i3-evar", id="init-container-evar"),
+    pytest.param("p-shared-gpu-0", id="prefix-a-pod-brought"),
+]
+OTHER_NAMES = [
+    pytest.param("settings", id="ordinary"),
+    pytest.param("kube-root-ca.crt", id="kube-root-ca"),
+    pytest.param("train-x7k2m9q-shared-gpu", id="the-prefix-alone"),
+    pytest.param("train-x7k2m9q-shared-gpu-", id="no-index"),
+    pytest.param("train-x7k2m9q-shared-gpu-0-evar-old", id="something-after-evar"),
+    pytest.param("train-x7k2m9q-shared-gpu-0-backup", id="something-after-the-index"),
+    pytest.param("train-x7k2m9q-shared-gpu-ix", id="no-init-index"),
+    pytest.param("train-x7k2m9q-shared-gpus-0", id="near-miss"),
+    pytest.param("shared-gpu-0", id="no-dash-before"),
+]
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize("name", KAI_NAMES)
+def test_a_write_of_a_configmap_named_as_kai_names_them_reaches_the_validating_webhook(
+    name: str, operation: str, config_map_webhook: Obj
+) -> None:
+    old = config_map(name) if operation == "UPDATE" else None
+    assert sent_to_webhook(config_map_webhook, operation, config_map(name), old) is True
+    # The CEL and the judge read the name alike: the judge refuses what is routed.
+    assert SHARE_CONFIG_MAPS.names.search(name)
+
+
+@pytest.mark.parametrize("operation", ["CREATE", "UPDATE"])
+@pytest.mark.parametrize("name", OTHER_NAMES)
+def test_no_other_configmap_write_reaches_gpuadm(
+    name: str, operation: str, config_map_webhook: Obj
+) -> None:
+    old = config_map(name) if operation == "UPDATE" else None
+    assert sent_to_webhook(config_map_webhook, operation, config_map(name), old) is False
+    assert not SHARE_CONFIG_MAPS.names.search(name)
+
+
+def test_a_configmap_without_a_name_is_not_an_error_of_the_cel(config_map_webhook: Obj) -> None:
+    """The apiserver names a ConfigMap before validation; an error would fail the write."""
+    assert sent_to_webhook(config_map_webhook, "CREATE", config_map(None), None) is False
+    assert sent_to_webhook(config_map_webhook, "CREATE", {"kind": "ConfigMap"}, None) is False
+
+
+def test_the_configmaps_routed_are_those_check_config_knows_of(config_map_webhook: Obj) -> None:
+    """`gpuadm check-config` warns of a class whose share ConfigMaps are not routed: the
+    shipped CEL holds exactly the patterns it takes for routed, and KAI's is one of them."""
+    (condition,) = config_map_webhook["matchConditions"]
+    routed = set(re.findall(r"\.matches\('([^']*)'\)", condition["expression"]))
+    assert routed == set(ROUTED_DEVICES_CONFIG_MAPS)
+    assert SHARE_CONFIG_MAPS.names.pattern in routed
