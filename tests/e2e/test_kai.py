@@ -1,6 +1,7 @@
 """The `kai` backend through a real apiserver and kube-scheduler: KAI pods stored as KAI reads
 them, bound in their class's pool by a scheduler profile named `kai-scheduler`, and charged
-to quota, a share as much as a whole GPU.
+to quota, a share as much as a whole GPU; and the ConfigMaps through which KAI's binder hands
+a share its GPUs written by the binder alone.
 
 kube-scheduler stands in for KAI's scheduler: it knows nothing of shares, so a share pod
 fits by its node affinity alone, as the pod carries no `nvidia.com/gpu` (KAI refuses one
@@ -11,6 +12,7 @@ here, as that webhook would have left it before gpuadm's validating webhook sees
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +42,7 @@ classes:
 GPU = "nvidia.com/gpu"
 QUEUE = "kai.scheduler/queue"
 SHARED_GPU_CONFIGMAP = "runai/shared-gpu-configmap"
+BINDER = "system:serviceaccount:kai-scheduler:binder"
 
 pytestmark = pytest.mark.usefixtures("kai_cluster")
 
@@ -64,10 +67,15 @@ def as_kais_webhook_leaves_it(prefix: str = "kai-test-shared-gpu") -> dict[str, 
 
 
 def create_share(
-    gpuadm: Deployment, namespace: str, limits: dict[str, str], **annotations: str
+    gpuadm: Deployment,
+    namespace: str,
+    limits: dict[str, str],
+    *,
+    prefix: str = "kai-test-shared-gpu",
+    **annotations: str,
 ) -> dict[str, Any]:
     """Create a share pod as it reaches gpuadm's validating webhook in a KAI cluster."""
-    kai = as_kais_webhook_leaves_it()
+    kai = as_kais_webhook_leaves_it(prefix)
     body: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -165,6 +173,17 @@ def test_any_other_devices_variable_is_still_refused(gpuadm: Deployment, namespa
     assert 'container "main": env NVIDIA_VISIBLE_DEVICES=all may give it GPUs' in message
 
 
+def test_a_share_may_not_read_its_gpus_from_a_configmap_the_tenant_may_write(
+    gpuadm: Deployment, namespace: str
+) -> None:
+    """KAI keeps a ConfigMap prefix the pod brings: one outside KAI's form (`...-shared-gpu`)
+    would name a ConfigMap gpuadm lets the tenant write, so the pod is refused."""
+    with pytest.raises(kubernetes.client.exceptions.ApiException) as refusal:
+        create_share(gpuadm, namespace, {"gpuadm.io/a100-kai": "0.5"}, prefix="mine")
+    message = json.loads(refusal.value.body)["message"]
+    assert 'container "main": env NVIDIA_VISIBLE_DEVICES from valueFrom' in message
+
+
 def test_a_namespace_gets_its_own_queue_from_the_policy(
     gpuadm: Deployment, scheduler: Scheduler, namespace: str
 ) -> None:
@@ -213,3 +232,77 @@ def test_a_share_kai_was_given_is_counted_once_stored(gpuadm: Deployment, namesp
         return False
 
     wait_until(counted, "the share counted against the quota")
+
+
+# --- KAI's share ConfigMaps --------------------------------------------------------------------
+
+
+@pytest.fixture
+def kais_binder(api_client: kubernetes.client.ApiClient) -> Iterator[kubernetes.client.CoreV1Api]:
+    """Act as KAI's binder: the admin impersonates its service account, in the admin group so
+    that RBAC lets it write ConfigMaps, as KAI's chart lets the binder."""
+    with kubernetes.client.ApiClient(api_client.configuration) as client:
+        client.set_default_header("Impersonate-User", BINDER)
+        client.set_default_header("Impersonate-Group", "system:masters")
+        yield kubernetes.client.CoreV1Api(client)
+
+
+def config_map(name: str, **data: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": data}
+
+
+def refused(call: Any, *args: Any) -> str:
+    """Make a call that must be refused; return the apiserver's message."""
+    with pytest.raises(kubernetes.client.exceptions.ApiException) as refusal:
+        call(*args)
+    message: str = json.loads(refusal.value.body)["message"]
+    return message
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("train-x7k2m9q-shared-gpu-0", id="app-container"),
+        pytest.param("train-x7k2m9q-shared-gpu-i0", id="init-container"),
+        pytest.param("train-x7k2m9q-shared-gpu-0-evar", id="evar"),
+    ],
+)
+def test_only_kais_binder_writes_the_configmap_that_hands_a_share_its_gpus(
+    gpuadm: Deployment, kais_binder: kubernetes.client.CoreV1Api, namespace: str, name: str
+) -> None:
+    tenant = gpuadm.core
+    every_gpu = config_map(name, NVIDIA_VISIBLE_DEVICES="all")
+    message = refused(tenant.create_namespaced_config_map, namespace, every_gpu)
+    assert (
+        f"ConfigMap {name} in namespace {namespace} is named as KAI's binder names the "
+        "ConfigMap that hands a GPU share its GPUs (its container reads NVIDIA_VISIBLE_DEVICES "
+        "from it), so only the GPU stack (the policy's gpuStackUsers) may create or change "
+        "it, not admin"
+    ) in message
+    # As the binder upserts it (config_map.go): created empty, then merge-patched as it binds.
+    kais_binder.create_namespaced_config_map(namespace, config_map(name))
+    kais_binder.patch_namespaced_config_map(
+        name, namespace, {"data": {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}}
+    )
+    message = refused(
+        tenant.patch_namespaced_config_map,
+        name,
+        namespace,
+        {"data": {"NVIDIA_VISIBLE_DEVICES": "all"}},
+    )
+    assert "may create or change it, not admin" in message
+    stored = tenant.read_namespaced_config_map(name, namespace)
+    assert stored.data == {"NVIDIA_VISIBLE_DEVICES": "GPU-0"}
+    # A delete takes no GPU from anyone: the tenant's pod only fails to start.
+    tenant.delete_namespaced_config_map(name, namespace)
+
+
+def test_an_ordinary_configmap_is_never_sent_to_gpuadm(gpuadm: Deployment, namespace: str) -> None:
+    """The webhook's matchCondition sends gpuadm KAI's names only, as the apiserver reads it."""
+    before = gpuadm.reviews()
+    gpuadm.core.create_namespaced_config_map(namespace, config_map("settings", mode="fast"))
+    gpuadm.core.patch_namespaced_config_map("settings", namespace, {"data": {"mode": "slow"}})
+    assert gpuadm.reviews() == before
+    name = "train-x7k2m9q-shared-gpu-1"
+    refused(gpuadm.core.create_namespaced_config_map, namespace, config_map(name))
+    assert gpuadm.reviews() == before + 1
