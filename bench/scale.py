@@ -25,6 +25,7 @@ import asyncio
 import json
 import os
 import platform
+import ssl
 import statistics
 import sys
 import tempfile
@@ -76,6 +77,7 @@ MEMORY_MB = 300
 FLAT = 1.2
 # The replica's log lines kept in the results: its start, and a little more.
 LOG_LINES = 40
+CPU = "process_cpu_seconds_total"
 ETCD_SIZES = ("etcd_mvcc_db_total_size_in_bytes", "etcd_mvcc_db_total_size_in_use_in_bytes")
 # A row's target: its text, and whether the figures (with no pods, with them) meet it.
 Target = tuple[str, Callable[[float, float], bool]]
@@ -129,7 +131,7 @@ def measure(namespaces: int, per_namespace: int) -> dict[str, Any]:
         fill_figures = {
             "seconds": fill_seconds,
             "pods": pods,
-            "list_s": asyncio.run(timed_list(plane)),
+            **asyncio.run(timed_list(plane)),
             **etcd_sizes(plane),
         }
         full = replica_figures(plane, api, tls, Path(workdir), 1, names, pods=pods)
@@ -212,10 +214,10 @@ async def fill(
     return time.monotonic() - started
 
 
-async def timed_list(plane: ControlPlane) -> float:
-    """Return the seconds a list of every pod takes, in gpuadm's pages, decoded as gpuadm
-    decodes them: the apiserver's share of a replica's start."""
-    started = time.monotonic()
+async def timed_list(plane: ControlPlane) -> dict[str, Any]:
+    """List every pod in gpuadm's pages, decoded as gpuadm decodes them: the apiserver's share
+    of a replica's start. Return the seconds it took, and the CPU seconds each side spent."""
+    started, client_cpu, servers = time.monotonic(), time.process_time(), control_plane_cpu(plane)
     query = {"limit": str(LIST_PAGE_SIZE)}
     async with PodCreator(plane, connections=1) as creator:
         while True:
@@ -223,7 +225,12 @@ async def timed_list(plane: ControlPlane) -> float:
                 page = orjson.loads(await answer.read())
             query["continue"] = page["metadata"].get("continue", "")
             if not query["continue"]:
-                return time.monotonic() - started
+                break
+    return {
+        "list_s": time.monotonic() - started,
+        "list_client_cpu_s": time.process_time() - client_cpu,
+        "list_cpu_s": cpu_since(plane, servers),
+    }
 
 
 def replica_figures(
@@ -241,6 +248,7 @@ def replica_figures(
     core = kubernetes.client.CoreV1Api(api)
     process = GpuadmProcess(plane, tls, workdir, index)
     figures: dict[str, Any] = {"pods": pods}
+    servers = control_plane_cpu(plane)
     started_at = time.time()
     started = time.monotonic()
     try:
@@ -251,6 +259,7 @@ def replica_figures(
         figures["ready_s"] = time.monotonic() - started
         figures["memory_at_ready"] = memory(process)
         figures["cpu_s_at_ready"] = cpu_seconds(process)
+        figures["cpu_s_until_ready"] = cpu_since(plane, servers)
         figures["tracked_at_ready"] = process.metric("gpuadm_tracked_gpu_pods")
         figures["published_in_use"] = wait_published(api, len(names), pods)
         figures["published_s"] = time.monotonic() - started - figures["ready_s"]
@@ -378,12 +387,37 @@ def startup_log(log_path: Path, started_at: float) -> list[tuple[float, str]]:
 
 def etcd_sizes(plane: ControlPlane) -> dict[str, float]:
     """Return etcd's database size, allocated and in use, from its /metrics."""
-    with urllib.request.urlopen(f"{plane.etcd_url}/metrics", timeout=10) as answer:
+    return scraped(plane.etcd_url, ETCD_SIZES)
+
+
+def control_plane_cpu(plane: ControlPlane) -> dict[str, float]:
+    """Return the CPU seconds kube-apiserver and etcd have spent, from their /metrics."""
+    return {
+        "apiserver": scraped(plane.url, [CPU], plane)[CPU],
+        "etcd": scraped(plane.etcd_url, [CPU])[CPU],
+    }
+
+
+def cpu_since(plane: ControlPlane, before: dict[str, float]) -> dict[str, float]:
+    """Return the CPU seconds kube-apiserver and etcd have spent since `before`."""
+    return {name: spent - before[name] for name, spent in control_plane_cpu(plane).items()}
+
+
+def scraped(url: str, names: Sequence[str], plane: ControlPlane | None = None) -> dict[str, float]:
+    """Return the samples of `names` (metrics without labels) in `url`/metrics; `plane`'s
+    admin token and CA for the apiserver's."""
+    handlers: list[urllib.request.BaseHandler] = [urllib.request.ProxyHandler({})]
+    request = urllib.request.Request(f"{url}/metrics")
+    if plane is not None:
+        context = ssl.create_default_context(cafile=str(plane.ca_file))
+        handlers.append(urllib.request.HTTPSHandler(context=context))
+        request.add_header("Authorization", f"Bearer {plane.token}")
+    with urllib.request.build_opener(*handlers).open(request, timeout=10) as answer:
         lines = answer.read().decode().splitlines()
     return {
         name: float(line.split()[1])
         for line in lines
-        for name in ETCD_SIZES
+        for name in names
         if line.startswith(name + " ")
     }
 
@@ -399,7 +433,9 @@ def report(results: dict[str, Any]) -> str:
     rows: list[tuple[str, str | tuple[str, str], Target | None]] = [
         ("replica start to /readyz (s)", "ready_s", None),
         ("  of which: to the pods listed (its log) (s)", "listed_s", None),
-        ("  its CPU time until ready, user + system (s)", "cpu_s_at_ready", None),
+        ("  gpuadm's CPU time until ready, user + system (s)", "cpu_s_at_ready", None),
+        ("  kube-apiserver's CPU time meanwhile (s)", ("cpu_s_until_ready", "apiserver"), None),
+        ("  etcd's CPU time meanwhile (s)", ("cpu_s_until_ready", "etcd"), None),
         ("  ready to every GPUQuota published (s)", "published_s", None),
         ("resident memory at ready, VmRSS (MB)", ("memory_at_ready", "vm_rss_mb"), under_memory),
         ("  its gpuadm_process_resident_memory_bytes (MB)", ("memory_at_ready", "metric_mb"), None),
@@ -421,8 +457,10 @@ def report(results: dict[str, Any]) -> str:
         f"{_loads(results['load_average_end'])} at the end",
         f"fill: {pods:,} pods stored in {fill_['seconds']:.0f} s "
         f"({pods / fill_['seconds']:.0f}/s); etcd db {_mb(fill_, ETCD_SIZES[0])} MB "
-        f"({_mb(fill_, ETCD_SIZES[1])} MB in use); the benchmark lists them all, in gpuadm's "
-        f"pages, in {fill_['list_s']:.1f} s\n",
+        f"({_mb(fill_, ETCD_SIZES[1])} MB in use)",
+        f"the benchmark lists them all, in gpuadm's pages, in {fill_['list_s']:.1f} s, spending "
+        f"{fill_['list_client_cpu_s']:.1f} s of CPU; kube-apiserver {_cpu(fill_, 'apiserver')} s, "
+        f"etcd {_cpu(fill_, 'etcd')} s\n",
         f"{'figure':<50}{'0 pods':>9}{f'{pods:,} pods':>14}{'ratio':>7}  {'target':<14}met",
     ]
     for figure, key, target in rows:
@@ -448,6 +486,10 @@ def _number(value: float) -> str:
 
 def _mb(figures: dict[str, Any], name: str) -> str:
     return f"{figures.get(name, float('nan')) / 1e6:.0f}"
+
+
+def _cpu(figures: dict[str, Any], name: str) -> str:
+    return f"{figures['list_cpu_s'][name]:.1f}"
 
 
 def _loads(loads: Sequence[float]) -> str:
