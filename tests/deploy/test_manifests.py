@@ -542,7 +542,7 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
     for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
         assert container[probe]["httpGet"] == {"path": path, "port": "https", "scheme": "HTTPS"}
     assert container["resources"] == {
-        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "requests": {"cpu": "100m", "memory": "256Mi"},
         "limits": {"memory": "512Mi"},
     }
     mounts = {m["name"]: m for m in container["volumeMounts"]}
