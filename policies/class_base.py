@@ -255,6 +255,12 @@ class ClassBase(Model):
         of the class (DRA extended resources): none but for a dra class."""
         return ()
 
+    def share_configuration(self) -> str | None:
+        """Return the driver configuration the class's shares of one device carry, as text
+        that compares equal for equal configurations ("" for none), or None for a class that
+        does not share devices by claims."""
+        return None
+
     def device_classes(self) -> frozenset[str]:
         """Return the DeviceClasses the class claims its GPUs from (`claims_devices`)."""
         return frozenset()

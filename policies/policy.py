@@ -334,12 +334,38 @@ def _check_gpu_types(classes: Mapping[str, ClassBase]) -> None:
 
 
 def policy_warnings(policy: Policy) -> list[str]:
-    """Return what the admin should know of a valid policy: classes not held to a GPU model."""
+    """Return what the admin should know of a valid policy: classes not held to a GPU model,
+    and classes whose shares could meet on one device with different configurations."""
     return [
         warning
         for name, gpu_class in policy.classes.items()
         for warning in gpu_class.policy_warnings(name, policy.backend_annotations(name))
+    ] + _share_configuration_warnings(policy)
+
+
+def _share_configuration_warnings(policy: Policy) -> list[str]:
+    """Warn of two sharing classes on one DeviceClass, whose models may overlap, whose
+    shares carry different driver configurations: NVIDIA's driver refuses a share on a
+    device that holds one configured otherwise."""
+    sharing = [
+        (name, c, config)
+        for name, c in sorted(policy.classes.items())
+        if (config := c.share_configuration()) is not None
     ]
+    warnings = []
+    for index, (name, one, config) in enumerate(sharing):
+        for other_name, other, other_config in sharing[index + 1 :]:
+            overlap = (
+                one.models is None or other.models is None or set(one.models) & set(other.models)
+            )
+            if config != other_config and one.device_classes() & other.device_classes() and overlap:
+                warnings.append(
+                    f"classes {name} and {other_name} share devices of the same DeviceClass "
+                    "with different sharing (strategy or interval): NVIDIA's DRA driver refuses "
+                    "a share on a device that holds one configured otherwise; give them the "
+                    "same sharing, or models that do not overlap"
+                )
+    return warnings
 
 
 # What the webhook configurations gpuadm ships send it (deploy/base, and the Helm chart's

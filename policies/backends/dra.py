@@ -30,6 +30,7 @@ What the drivers do, from their own code (docs/backends.md names each file):
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from fractions import Fraction
@@ -344,6 +345,11 @@ class DraClass(ClassBase):
 
     def device_classes(self) -> frozenset[str]:
         return frozenset({self.device_class_name})
+
+    def share_configuration(self) -> str | None:
+        if self.sharing is None:
+            return None
+        return json.dumps(self.sharing.opaque_config(self.driver), sort_keys=True)
 
     def claim_template(self, class_name: str, held: Held) -> ClaimTemplate | None:
         if held.portion and self.sharing is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from policies import Denial, load_policy, plan, pod_charge
+from policies import Denial, load_policy, plan, pod_charge, policy_warnings
 from policies.backends.dra import DraClass
 from policies.dra_templates import Held, parse_template_name
 from policies.loading import ConfigError
@@ -509,3 +509,49 @@ def test_a_memory_ask_off_the_step_is_never_given_less() -> None:
     requests = template.spec["devices"]["requests"][0]["exactly"]["capacity"]["requests"]
     assert parse_quantity(requests["memory"]) >= int(asked)
     assert template.held == Held(1, 2)
+
+
+@pytest.mark.parametrize(
+    ("classes", "warned"),
+    [
+        pytest.param(
+            "  one:\n    backend: dra\n    sharing: {strategy: time-slicing, interval: Long, "
+            "capacity: {memory: 80Gi}}\n"
+            "  two:\n    backend: dra\n    sharing: {strategy: time-slicing, interval: Short, "
+            "capacity: {memory: 80Gi}}\n",
+            True,
+            id="two-intervals",
+        ),
+        pytest.param(
+            "  one:\n    backend: dra\n    sharing: {strategy: time-slicing, "
+            "capacity: {memory: 80Gi}}\n"
+            "  two:\n    backend: dra\n    sharing: {strategy: capacity, "
+            "capacity: {memory: 80Gi}}\n",
+            True,
+            id="config-and-none",
+        ),
+        pytest.param(
+            "  one:\n    backend: dra\n    models: [NVIDIA A100-SXM4-80GB]\n"
+            "    sharing: {strategy: time-slicing, interval: Long, capacity: {memory: 80Gi}}\n"
+            "  two:\n    backend: dra\n    models: [NVIDIA H100 80GB HBM3]\n"
+            "    sharing: {strategy: capacity, capacity: {memory: 80Gi}}\n",
+            False,
+            id="other-models",
+        ),
+        pytest.param(
+            "  one:\n    backend: dra\n    sharing: {strategy: time-slicing, interval: Long, "
+            "capacity: {memory: 80Gi}}\n"
+            "  two:\n    backend: dra\n    sharing: {strategy: time-slicing, interval: Long, "
+            "capacity: {memory: 40Gi}}\n",
+            False,
+            id="same-configuration",
+        ),
+    ],
+)
+def test_shares_that_could_meet_on_a_device_configured_otherwise_are_warned(
+    classes: str, warned: bool
+) -> None:
+    warnings = [
+        w for w in policy_warnings(load_policy(POLICY_YAML + classes)) if "one and two" in w
+    ]
+    assert bool(warnings) == warned
