@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from policies.quantity import QuantityError, parse_quantity
+
 TEMPLATE_PREFIX = "gpuadm-"
 # The entry names of a pod's `spec.resourceClaims` that are gpuadm's, one per container.
 ENTRY_PREFIX = "gpuadm-"
@@ -86,6 +88,18 @@ class ClaimTemplate:
         name = f"{TEMPLATE_PREFIX}{class_name}-{held.label}-{digest[:10]}"
         return cls(name, class_name, held, spec)
 
+    @property
+    def asks_capacity(self) -> bool:
+        """Tell whether a claim of the template asks for part of a device's capacity
+        (consumable capacity, which the apiserver keeps only with `DRAConsumableCapacity`)."""
+        return any(_capacity_of(request) is not None for request in _requests(self.spec))
+
+    def stored_as_written(self, stored: Mapping[str, Any]) -> bool:
+        """Tell whether the apiserver stored the template (`stored`, as it answers) as gpuadm
+        writes it, reading each capacity request as the amount it is, however the apiserver
+        spells it (`4000` as `4k`)."""
+        return _amounts((stored.get("spec") or {}).get("spec")) == _amounts(self.spec)
+
     def manifest(self, namespace: str, *, labels: Mapping[str, str]) -> dict[str, Any]:
         """Return the template as stored in `namespace`, with gpuadm's `labels`."""
         return {
@@ -128,10 +142,8 @@ def requested_device_classes(spec: object) -> list[str]:
 
     Any value the apiserver would not store yields no name: the apiserver refuses it itself.
     """
-    devices = spec.get("devices") if isinstance(spec, Mapping) else None
-    requests = devices.get("requests") if isinstance(devices, Mapping) else None
     names: list[str] = []
-    for request in requests if isinstance(requests, list) else ():
+    for request in _requests(spec):
         if not isinstance(request, Mapping):
             continue
         exactly = request.get("exactly")
@@ -145,3 +157,38 @@ def requested_device_classes(spec: object) -> list[str]:
 
 def _list(value: object) -> Sequence[object]:
     return value if isinstance(value, list) else ()
+
+
+def _requests(spec: object) -> Sequence[object]:
+    devices = spec.get("devices") if isinstance(spec, Mapping) else None
+    return _list(devices.get("requests") if isinstance(devices, Mapping) else None)
+
+
+def _capacity_of(request: object) -> Mapping[str, Any] | None:
+    """Return what a request asks of a device's capacities, if it asks any."""
+    exactly = request.get("exactly") if isinstance(request, Mapping) else None
+    capacity = exactly.get("capacity") if isinstance(exactly, Mapping) else None
+    asked = capacity.get("requests") if isinstance(capacity, Mapping) else None
+    return asked if isinstance(asked, Mapping) else None
+
+
+def _amounts(spec: object) -> object:
+    """Return a ResourceClaimSpec with each request's capacity requests read as amounts (one
+    that is no quantity stays as written, and so compares unequal)."""
+    if not isinstance(spec, Mapping) or not _requests(spec):
+        return spec
+    read: list[object] = []
+    for request in _requests(spec):
+        asked = _capacity_of(request)
+        if asked is None or not isinstance(request, Mapping):
+            read.append(request)
+            continue
+        try:
+            amounts = {name: parse_quantity(value) for name, value in asked.items()}
+        except QuantityError:
+            read.append(request)
+            continue
+        exactly: dict[str, Any] = dict(request["exactly"])
+        exactly["capacity"] = {**exactly["capacity"], "requests": amounts}
+        read.append({**request, "exactly": exactly})
+    return {**spec, "devices": {**spec["devices"], "requests": read}}

@@ -16,14 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from policies.demand import TERMINAL_PHASES
 from policies.dra_templates import ClaimTemplate, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
-from policies.quantity import QuantityError, parse_quantity
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.endpoint import RESOURCE_API
 from webhook.kube.errors import KubeError
@@ -45,49 +44,6 @@ UNUSED_GRACE_SECONDS = 300.0
 # Templates remembered as confirmed, at most: past it the oldest are asked for again.
 MAX_CONFIRMED = 4096
 LABELS = {MANAGED_BY: MANAGER}
-
-
-def stored_as_written(stored: Mapping[str, Any], template: ClaimTemplate) -> bool:
-    """Tell whether the apiserver stored a template's spec as gpuadm wrote it, reading each
-    capacity request as the amount it is, however the apiserver spells it."""
-    return _amounts((stored.get("spec") or {}).get("spec")) == _amounts(template.spec)
-
-
-def _amounts(spec: object) -> object:
-    """Return a ResourceClaimSpec with its capacity requests read as amounts."""
-    if not isinstance(spec, Mapping):
-        return spec
-    devices = spec.get("devices")
-    if not isinstance(devices, Mapping) or not isinstance(devices.get("requests"), list):
-        return spec
-    requests: list[object] = devices["requests"]
-    read = []
-    for request in requests:
-        asked = _capacity_of(request)
-        if asked is None or not isinstance(request, Mapping):
-            read.append(request)
-            continue
-        try:
-            amounts = {name: parse_quantity(value) for name, value in asked.items()}
-        except QuantityError:
-            read.append(request)
-            continue
-        exactly: dict[str, Any] = dict(request["exactly"])
-        exactly["capacity"] = {**exactly["capacity"], "requests": amounts}
-        read.append({**request, "exactly": exactly})
-    return {**spec, "devices": {**devices, "requests": read}}
-
-
-def _capacity_of(request: object) -> Mapping[str, Any] | None:
-    exactly = request.get("exactly") if isinstance(request, Mapping) else None
-    capacity = exactly.get("capacity") if isinstance(exactly, Mapping) else None
-    asked = capacity.get("requests") if isinstance(capacity, Mapping) else None
-    return asked if isinstance(asked, Mapping) else None
-
-
-def _capacity_requests(spec: Mapping[str, Any]) -> bool:
-    devices = spec.get("devices") or {}
-    return any(_capacity_of(request) for request in devices.get("requests") or ())
 
 
 class ClaimError(Exception):
@@ -165,7 +121,7 @@ class ClusterTemplates:
             # gpuadm governed the namespace, which only its spec and label can tell.
             await self._check_existing(namespace, template)
             return
-        if not stored_as_written(stored, template):
+        if not template.stored_as_written(stored):
             await self._unmake(namespace, template, stored)
         log.info("made ResourceClaimTemplate %s/%s", namespace, template.name)
 
@@ -192,7 +148,7 @@ class ClusterTemplates:
         why = (
             ": a capacity request needs the feature gate DRAConsumableCapacity on the "
             "apiserver, the scheduler and the controller manager"
-            if _capacity_requests(template.spec)
+            if template.asks_capacity
             else ""
         )
         raise ClaimError(
@@ -214,7 +170,7 @@ class ClusterTemplates:
                 "as it was made; retry"
             )
         labels = (found.get("metadata") or {}).get("labels") or {}
-        if labels.get(MANAGED_BY) == MANAGER and not stored_as_written(found, template):
+        if labels.get(MANAGED_BY) == MANAGER and not template.stored_as_written(found):
             # Only gpuadm writes its label: one it made that the apiserver stored otherwise
             # (and that it could not delete then).
             await self._unmake(namespace, template, found)
