@@ -175,14 +175,17 @@ class Line:
         extras: Sequence[Waiting] = (),
         until: Order | None = None,
         most: int | None = None,
+        held: Mapping[str, str] | None = None,
     ) -> Walk:
         """Decide the line from its head as `next_releases` would, visiting only the pods
         that may change what it decides.
 
         `excluded`: pods of the line left out (charged already). `extras`: pods not in the
         index that join the line, after any of the index's pods of the same order. `until`:
-        stop after the pods of this order. `most`: stop after releasing this many.
+        stop after the pods of this order. `most`: stop after releasing this many. `held`:
+        classes that wait whatever their limits say (a GPU-hour budget spent), with why.
         """
+        held = held or {}
         self._sort_for(limits)
         used = dict(in_use)
         blocked: dict[str, str] = {}
@@ -213,6 +216,8 @@ class Line:
                     continue
             else:
                 pod = ordered_extras[rank - 1]
+            if pod.class_name in held:
+                continue  # its class waits for its budget, whatever its place
             keys_of_pod = limits_on(pod.class_name, limits)
             if any(key in blocked for key in keys_of_pod):
                 continue  # its class waits behind a pod that does not fit: drop the class
@@ -252,12 +257,14 @@ class Line:
         *,
         excluded: Collection[str] = (),
         extras: Sequence[Waiting] = (),
+        held: Mapping[str, str] | None = None,
     ) -> Place | None:
         """Return where `pod` stands if it joins the line after the pods of its order (or
         stands where it is, if it is in line): None if a pass would release it now, else its
         place, as `next_releases` would say. `excluded` must hold only pods of the line
-        (`present`): they are counted out one by one."""
+        (`present`): they are counted out one by one. `held`: as `walk` takes it."""
         order = pod.order()
+        held = held or {}
         walked = self.walk(
             namespace,
             in_use,
@@ -265,13 +272,16 @@ class Line:
             excluded=_Either(excluded, pod.uid),
             extras=extras,
             until=order,
+            held=held,
         )
         keys = limits_on(pod.class_name, limits)
         never = never_fits(
             namespace=namespace, class_name=pod.class_name, requested=pod.charge, limits=limits
         )
         stuck = next((walked.blocked[k] for k in keys if k in walked.blocked), None)
-        if never is not None:
+        if pod.class_name in held:
+            reason = held[pod.class_name]
+        elif never is not None:
             reason = f"{never}; it waits until the limit grows"
         elif stuck is not None:
             reason = stuck

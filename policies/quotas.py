@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
 from pydantic_core import PydanticCustomError
 
+from policies.budget import Budget, parse_budget
 from policies.class_base import Model, namespace_name
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
@@ -21,7 +22,9 @@ ALL_CLASSES = "*"
 # scheduling gate until it fits (policies/queue.py).
 Mode = Literal["enforce", "warn", "queue"]
 # Keys of a namespace's entry that are not limits.
-ENTRY_KEYS = ("defaultClass", "mode")
+ENTRY_KEYS = ("defaultClass", "mode", "budget")
+# The key of a namespace's entry, and of `default`, that holds its GPU-hour budgets.
+BUDGET_KEY = "budget"
 
 
 # A GPU count has no unit: a suffix that makes a size (Gi) or a multitude (k, M) of it is a
@@ -50,9 +53,23 @@ Limit = Annotated[Fraction, BeforeValidator(_limit), PlainSerializer(format_amou
 NamespaceName = Annotated[str, AfterValidator(namespace_name)]
 
 
+def _budget(value: object) -> Budget:
+    if isinstance(value, Budget):
+        return value
+    return parse_budget(value)
+
+
+BudgetSpec = Annotated[Budget, BeforeValidator(_budget), PlainSerializer(str)]
+
+
 def limits_on(class_name: str, limits: Mapping[str, object]) -> list[str]:
     """Return the limits a class's pods count against: its own, and `*` (none: unlimited)."""
     return [key for key in (class_name, ALL_CLASSES) if key in limits]
+
+
+def budgets_on(class_name: str, budgets: Mapping[str, Budget]) -> list[str]:
+    """Return the GPU-hour budgets a class's pods spend: its own, and `*` (none: no budget)."""
+    return [key for key in (class_name, ALL_CLASSES) if key in budgets]
 
 
 def _check_limit_keys(limits: Mapping[str, object], *, under: tuple[str, ...] = ()) -> None:
@@ -72,6 +89,8 @@ class Terms(NamedTuple):
     limits: Mapping[str, Fraction]
     mode: Mode
     default_class: str | None
+    # GPU-hour budgets per class (and `*`): `policies.gpu_hours`.
+    budgets: Mapping[str, Budget] = {}
 
 
 class NamespaceQuota(Model):
@@ -79,6 +98,7 @@ class NamespaceQuota(Model):
 
     default_class: str | None = None
     mode: Mode | None = None
+    budget: dict[str, BudgetSpec] = Field(default_factory=dict)
     limits: dict[str, Limit] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -89,6 +109,8 @@ class NamespaceQuota(Model):
             return data
         limits = {k: v for k, v in data.items() if k not in ENTRY_KEYS}
         _check_limit_keys(limits)
+        if isinstance(data.get(BUDGET_KEY), Mapping):
+            _check_limit_keys(data[BUDGET_KEY], under=(BUDGET_KEY,))
         return {**{k: data[k] for k in ENTRY_KEYS if k in data}, "limits": limits}
 
 
@@ -97,14 +119,35 @@ class QuotaConfig(Model):
 
     mode: Mode = "enforce"
     default: dict[str, Limit] = Field(default_factory=dict)
+    # `default.budget` in the file: the budgets of namespaces without an entry.
+    default_budget: dict[str, BudgetSpec] = Field(default_factory=dict)
     namespaces: dict[NamespaceName, NamespaceQuota] = Field(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
     def _default_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and isinstance(data.get("default"), Mapping):
-            _check_limit_keys(data["default"], under=("default",))
-        return data
+        if not (isinstance(data, Mapping) and isinstance(data.get("default"), Mapping)):
+            return data
+        default = dict(data["default"])
+        budget = default.pop(BUDGET_KEY, None)
+        _check_limit_keys(default, under=("default",))
+        if budget is None:
+            return data
+        if not isinstance(budget, Mapping):
+            raise PydanticCustomError(
+                "budget",
+                f"{budget!r} is not a mapping of class to budget, e.g. {{a100: 500h/7d}}",
+                {"at": ["default", BUDGET_KEY]},
+            )
+        _check_limit_keys(budget, under=("default", BUDGET_KEY))
+        for key, value in budget.items():
+            try:
+                parse_budget(value)
+            except ValueError as error:
+                raise PydanticCustomError(
+                    "budget", str(error), {"at": ["default", BUDGET_KEY, str(key)]}
+                ) from None
+        return {**data, "default": default, "defaultBudget": budget}
 
     def terms(self, namespace: str) -> Terms:
         """Return what governs a namespace: its own entry, the rest from the file's."""
@@ -122,9 +165,24 @@ class QuotaConfig(Model):
         """Return the namespace's default class, if its entry names one."""
         return self.terms(namespace).default_class
 
+    def budgets_for(self, namespace: str) -> Mapping[str, Budget]:
+        """Return a namespace's GPU-hour budgets: its own entry's, or `default`'s."""
+        return self.terms(namespace).budgets
+
+    def has_budgets(self) -> bool:
+        """Tell whether any namespace has a GPU-hour budget."""
+        return bool(self.default_budget) or any(e.budget for e in self.namespaces.values())
+
+    def longest_window(self) -> int:
+        """Return the longest budget window in seconds (0: no budgets)."""
+        budgets = [*self.default_budget.values()]
+        for entry in self.namespaces.values():
+            budgets.extend(entry.budget.values())
+        return max((b.window for b in budgets), default=0)
+
     @cached_property
     def _default_terms(self) -> Terms:
-        return Terms(self.default, self.mode, None)
+        return Terms(self.default, self.mode, None, self.default_budget)
 
     @cached_property
     def _terms(self) -> dict[str, Terms]:
@@ -134,6 +192,7 @@ class QuotaConfig(Model):
                 entry.limits,
                 entry.mode if entry.mode is not None else self.mode,
                 entry.default_class,
+                entry.budget,
             )
             for namespace, entry in self.namespaces.items()
         }
@@ -156,10 +215,16 @@ class QuotaConfig(Model):
         for key in self.default:
             if key != ALL_CLASSES and key not in known:
                 problems.append((("default", key), unknown(key)))
+        for key in self.default_budget:
+            if key != ALL_CLASSES and key not in known:
+                problems.append((("default", BUDGET_KEY, key), unknown(key)))
         for namespace, entry in self.namespaces.items():
             for key in entry.limits:
                 if key != ALL_CLASSES and key not in known:
                     problems.append((("namespaces", namespace, key), unknown(key)))
+            for key in entry.budget:
+                if key != ALL_CLASSES and key not in known:
+                    problems.append((("namespaces", namespace, BUDGET_KEY, key), unknown(key)))
             if entry.default_class is not None and entry.default_class not in known:
                 problems.append(
                     (("namespaces", namespace, "defaultClass"), unknown(entry.default_class))

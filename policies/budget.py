@@ -1,0 +1,68 @@
+"""A GPU-hour budget as `quotas.yaml` writes it: GPU-hours of a class over a rolling window.
+
+`500h/7d` is 500 GPU-hours in any 7 days. Seconds are whole: Kubernetes' timestamps have no
+finer grain. What is counted against a budget, and when, is `policies.gpu_hours`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from fractions import Fraction
+
+HOUR = 3600
+DAY = 24 * HOUR
+_AMOUNT_UNITS = {"h": HOUR, "m": 60, "s": 1}
+_WINDOW_UNITS = {"w": 7 * DAY, "d": DAY, "h": HOUR, "m": 60, "s": 1}
+_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([hms])\s*/\s*([0-9]+)\s*([wdhms])\s*$")
+# Longer windows would keep years of buckets in every record.
+MAX_WINDOW = 366 * DAY
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """GPU-seconds of a class a namespace may use in any `window` seconds."""
+
+    gpu_seconds: Fraction
+    window: int
+
+    def __str__(self) -> str:
+        return f"{hours(self.gpu_seconds)}/{duration(self.window)}"
+
+
+def parse_budget(value: object) -> Budget:
+    """Read a budget as written in `quotas.yaml`: `<GPU-hours>h/<window>`, e.g. `500h/7d`.
+
+    The amount may also be in GPU-minutes (`m`) or GPU-seconds (`s`); the window is a whole
+    number of weeks, days, hours, minutes or seconds. Raise `ValueError` naming the value.
+    """
+    text = value if isinstance(value, str) else None
+    match = _BUDGET.match(text) if text is not None and len(text) <= 64 else None
+    if match is None:
+        raise ValueError(
+            f"{value!r} is not a GPU-hour budget: write GPU-hours over a window, "
+            "e.g. 500h/7d (amount in h, m or s; window in w, d, h, m or s)"
+        )
+    amount, amount_unit, window, window_unit = match.groups()
+    seconds = Fraction(amount) * _AMOUNT_UNITS[amount_unit]
+    span = int(window) * _WINDOW_UNITS[window_unit]
+    if span <= 0 or span > MAX_WINDOW:
+        raise ValueError(f"{value!r}: the window must be from 1s to {MAX_WINDOW // DAY}d")
+    if seconds.denominator != 1:
+        raise ValueError(f"{value!r}: the amount must be a whole number of GPU-seconds")
+    return Budget(seconds, span)
+
+
+def hours(gpu_seconds: Fraction) -> str:
+    """Say GPU-seconds as GPU-hours, to the hundredth: `512.25h`."""
+    value = float(round(Fraction(gpu_seconds) / HOUR, 2))
+    return f"{value:.2f}".rstrip("0").rstrip(".") + "h"
+
+
+def duration(seconds: int) -> str:
+    """Say a whole number of seconds in the largest unit that divides it, of days, hours,
+    minutes and seconds: `7d`, `90s` (weeks are said in days, as admins count windows)."""
+    for unit, size in _WINDOW_UNITS.items():
+        if unit != "w" and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"  # pragma: no cover - the last unit divides everything

@@ -1,0 +1,419 @@
+"""GPU-hours: what each namespace's GPU pods used over time, and the budgets that cap it.
+
+A quota caps how many GPUs a namespace holds at once; a budget caps how long it holds them:
+`a100: 500h/7d` is 500 GPU-hours of the class in any 7 days. Everything here is exact
+arithmetic on whole seconds (Kubernetes' timestamps have no finer grain) and `Fraction`
+shares, and pure: the shell hands in the runs it saw and the time it is.
+
+- A `Run` is one GPU pod's time on its node: from its first container's start to its last
+  container's end (or now), charged its admitted share. Pending and gated time is free.
+- A namespace's `Hours` is the usage its runs have been counted into, up to its
+  `checkpoint`: GPU-seconds per class, in buckets of time, and a total that never forgets.
+  `accrue` counts every run's part between the last checkpoint and now, and only that part,
+  so counting the same run twice, or counting again after a crash, never counts a second
+  twice; what is not counted yet is `unrecorded`.
+- `judge_budget` refuses a new pod of a class whose budget is spent in the window that ends
+  now, and says when enough of it leaves the window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from fractions import Fraction
+from typing import Any
+
+from policies.budget import DAY, Budget, duration, hours
+from policies.judge import NEARLY_FULL, QuotaVerdict
+from policies.quotas import ALL_CLASSES, Mode, budgets_on
+
+# The width of the buckets that usage older than `fine_for` is merged into (`compact`).
+COARSE_WIDTH = DAY
+
+
+def timestamp(seconds: int) -> str:
+    """Say a moment as Kubernetes does (RFC 3339, UTC, whole seconds)."""
+    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(value: object) -> int | None:
+    """Read a Kubernetes timestamp (`2026-11-27T01:19:06Z`) as seconds; None if it is not one."""
+    if not isinstance(value, str) or len(value) > 40:
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return int(moment.timestamp())
+
+
+# --- Runs ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One GPU pod's time on its node: `started` to `ended` (None: still running)."""
+
+    namespace: str
+    class_name: str
+    share: Fraction
+    started: int
+    ended: int | None = None
+    # The pod's name, for the reports.
+    pod: str = ""
+
+    def seconds_between(self, begin: int, end: int) -> int:
+        """Return how many seconds of [begin, end) the pod ran."""
+        stop = end if self.ended is None else min(end, self.ended)
+        return max(0, stop - max(begin, self.started))
+
+
+_CONTAINER_STATUSES = ("initContainerStatuses", "containerStatuses")
+
+
+def run_times(pod: Mapping[str, Any], *, ended_phase: bool) -> tuple[int | None, int | None]:
+    """Return when a pod's first container started and, if the pod has ended (`ended_phase`),
+    when its last one finished, read from the pod's status; None where it says nothing.
+
+    A pod whose containers never started (Pending, gated, pulling its image) ran for none.
+    """
+    status = pod.get("status")
+    if not isinstance(status, Mapping):
+        return None, None
+    starts: list[int] = []
+    finishes: list[int] = []
+    for key in _CONTAINER_STATUSES:
+        statuses = status.get(key)
+        if not isinstance(statuses, list):
+            continue
+        for entry in statuses:
+            for state in _states(entry):
+                if (start := parse_timestamp(state.get("startedAt"))) is not None:
+                    starts.append(start)
+                if (finish := parse_timestamp(state.get("finishedAt"))) is not None:
+                    finishes.append(finish)
+    started = min(starts) if starts else None
+    ended = max(finishes) if ended_phase and finishes else None
+    return started, ended
+
+
+def _states(entry: object) -> Iterator[Mapping[str, Any]]:
+    if not isinstance(entry, Mapping):
+        return
+    for which in ("state", "lastState"):
+        states = entry.get(which)
+        if isinstance(states, Mapping):
+            for state in states.values():
+                if isinstance(state, Mapping):
+                    yield state
+
+
+# --- Hours: the counted usage of one namespace --------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Bucket:
+    """GPU-seconds used from `start` for `width` seconds."""
+
+    start: int
+    width: int
+    seconds: Fraction
+
+    @property
+    def end(self) -> int:
+        """Return the moment this bucket's time ends."""
+        return self.start + self.width
+
+
+@dataclass(frozen=True, slots=True)
+class ClassHours:
+    """A class's counted usage in one namespace: all of it, and by time."""
+
+    total: Fraction = Fraction(0)
+    buckets: tuple[Bucket, ...] = ()  # in time order, not overlapping
+
+    def within(self, begin: int) -> Fraction:
+        """Return the GPU-seconds of the buckets that reach past `begin` (a bucket that
+        straddles it counts whole: a budget errs toward refusing, never toward more)."""
+        return sum((b.seconds for b in self.buckets if b.end > begin), Fraction(0))
+
+
+@dataclass(frozen=True, slots=True)
+class Hours:
+    """A namespace's counted GPU usage: every run counted up to `checkpoint`."""
+
+    checkpoint: int = 0
+    classes: Mapping[str, ClassHours] = field(default_factory=dict)
+
+    def total(self, class_name: str) -> Fraction:
+        """Return every GPU-second of a class counted so far."""
+        entry = self.classes.get(class_name)
+        return entry.total if entry is not None else Fraction(0)
+
+    def within(self, class_name: str, begin: int) -> Fraction:
+        """Return the counted GPU-seconds of a class (`*`: of all) that reach past `begin`."""
+        if class_name == ALL_CLASSES:
+            return sum((c.within(begin) for c in self.classes.values()), Fraction(0))
+        entry = self.classes.get(class_name)
+        return entry.within(begin) if entry is not None else Fraction(0)
+
+
+def _spread(begin: int, end: int, width: int) -> Iterator[tuple[int, int]]:
+    """Cut [begin, end) at the multiples of `width`: each piece's bucket start and length."""
+    at = begin
+    while at < end:
+        start = at - at % width
+        stop = min(end, start + width)
+        yield start, stop - at
+        at = stop
+
+
+def accrue(hours_: Hours, runs: Iterable[Run], *, now: int, width: int) -> Hours:
+    """Count each run's time between the last checkpoint and `now`; the checkpoint moves to
+    `now`. A clock that stepped back (`now` before the checkpoint) counts nothing.
+
+    A run is counted from `max(started, checkpoint)`, so a pod that ran while nobody counted
+    (gpuadm down) is counted from its own start once it is seen, and nothing is counted twice.
+    """
+    if now <= hours_.checkpoint:
+        return hours_
+    added: dict[str, dict[int, Fraction]] = {}
+    for run in runs:
+        begin = max(run.started, hours_.checkpoint)
+        end = now if run.ended is None else min(run.ended, now)
+        for start, length in _spread(begin, end, width):
+            by_start = added.setdefault(run.class_name, {})
+            by_start[start] = by_start.get(start, Fraction(0)) + run.share * length
+    classes = dict(hours_.classes)
+    for class_name, by_start in added.items():
+        classes[class_name] = _add(classes.get(class_name, ClassHours()), by_start, width)
+    return Hours(now, classes)
+
+
+def _add(entry: ClassHours, by_start: Mapping[int, Fraction], width: int) -> ClassHours:
+    buckets = {b.start: b for b in entry.buckets}
+    for start, seconds in by_start.items():
+        old = buckets.get(start)
+        if old is None:
+            buckets[start] = Bucket(start, width, seconds)
+        else:
+            buckets[start] = replace(old, seconds=old.seconds + seconds)
+    ordered = tuple(sorted(buckets.values(), key=lambda b: b.start))
+    return ClassHours(entry.total + sum(by_start.values(), Fraction(0)), ordered)
+
+
+def compact(hours_: Hours, *, now: int, fine_for: int, keep_for: int) -> Hours:
+    """Merge buckets that ended more than `fine_for` ago into day-wide ones, and drop those
+    that ended more than `keep_for` ago (the total keeps them): a record stays a few KiB."""
+    classes = {}
+    for class_name, entry in hours_.classes.items():
+        merged: dict[int, Bucket] = {}
+        for bucket in entry.buckets:
+            if bucket.end <= now - keep_for:
+                continue
+            if bucket.end <= now - fine_for and bucket.width < COARSE_WIDTH:
+                start = bucket.start - bucket.start % COARSE_WIDTH
+                bucket = Bucket(start, COARSE_WIDTH, bucket.seconds)
+            old = merged.get(bucket.start)
+            merged[bucket.start] = (
+                bucket if old is None else replace(old, seconds=old.seconds + bucket.seconds)
+            )
+        ordered = tuple(sorted(merged.values(), key=lambda b: b.start))
+        classes[class_name] = ClassHours(entry.total, ordered)
+    return Hours(hours_.checkpoint, classes)
+
+
+def unrecorded(hours_: Hours, runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
+    """Return, per class, the GPU-seconds the runs used since the checkpoint: what the next
+    `accrue` will count."""
+    live: dict[str, Fraction] = {}
+    for run in runs:
+        seconds = run.seconds_between(hours_.checkpoint, now)
+        if seconds:
+            live[run.class_name] = live.get(run.class_name, Fraction(0)) + run.share * seconds
+    return live
+
+
+def running_shares(runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
+    """Return, per class, the GPUs of the runs still running at `now`: the GPU-seconds
+    their class gains each second."""
+    rates: dict[str, Fraction] = {}
+    for run in runs:
+        if run.started <= now and (run.ended is None or run.ended > now):
+            rates[run.class_name] = rates.get(run.class_name, Fraction(0)) + run.share
+    return rates
+
+
+# --- Judgement ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Spending:
+    """What a namespace's class has used, and is using, as a budget judgement reads it."""
+
+    hours: Hours
+    # GPU-seconds used since the checkpoint, per class.
+    live: Mapping[str, Fraction]
+    # GPUs running now, per class.
+    rates: Mapping[str, Fraction]
+
+    def used(self, key: str, *, now: int, window: int) -> Fraction:
+        """Return the GPU-seconds of a class (`*`: of all) used in the window ending now."""
+        live = (
+            sum(self.live.values(), Fraction(0))
+            if key == ALL_CLASSES
+            else self.live.get(key, Fraction(0))
+        )
+        return self.hours.within(key, now - window) + live
+
+    def rate(self, key: str) -> Fraction:
+        """Return the GPUs of a class (`*`: of all) running now."""
+        if key == ALL_CLASSES:
+            return sum(self.rates.values(), Fraction(0))
+        return self.rates.get(key, Fraction(0))
+
+    def frees_at(self, key: str, budget: Budget, *, now: int) -> int | None:
+        """Return the first moment at which the window holds less than the budget again, if
+        the pods running now keep running; None if only their ending can free it."""
+        buckets = (
+            [b for c in self.hours.classes.values() for b in c.buckets]
+            if key == ALL_CLASSES
+            else list(self.hours.classes.get(key, ClassHours()).buckets)
+        )
+        rate = self.rate(key)
+        used = self.used(key, now=now, window=budget.window)
+        leaving = sorted((b for b in buckets if b.end > now - budget.window), key=lambda b: b.end)
+        for bucket in leaving:
+            moment = bucket.end + budget.window
+            used -= bucket.seconds
+            if used + rate * (moment - now) < budget.gpu_seconds:
+                return moment
+        return None
+
+
+def judge_budget(
+    *,
+    namespace: str,
+    class_name: str,
+    budgets: Mapping[str, Budget],
+    spending: Spending,
+    now: int,
+    mode: Mode = "enforce",
+) -> QuotaVerdict | None:
+    """Judge whether a namespace may start another pod of a class under its GPU-hour budgets.
+
+    A budget is spent when the window that ends now holds as many GPU-seconds as it allows;
+    then new pods of the class are refused (`enforce`), admitted with a warning (`warn`), or
+    held in line (`queue`: the caller holds them). Pods already running are never stopped.
+    Above 90% of a budget an admitted pod carries a warning. None: no budget applies.
+    """
+    keys = budgets_on(class_name, budgets)
+    if not keys:
+        return None
+    warnings: list[str] = []
+    for key in keys:
+        budget = budgets[key]
+        used = spending.used(key, now=now, window=budget.window)
+        label = class_name if key == class_name else 'all classes ("*")'
+        if used >= budget.gpu_seconds:
+            message = spent_message(namespace, label, used, budget, spending, key, now)
+            if mode == "warn":
+                warning = f"{message} (quota mode is warn: admitted, but enforce would deny)"
+                return QuotaVerdict(True, message, (warning,), would_deny=True, exceeded=(key,))
+            return QuotaVerdict(False, message, exceeded=(key,))
+        if budget.gpu_seconds and used / budget.gpu_seconds > NEARLY_FULL:
+            percent = int(used * 100 / budget.gpu_seconds)
+            warnings.append(
+                f'namespace "{namespace}": {label} GPU-hour budget is {percent}% used '
+                f"({hours(used)} of {budget} in the last {duration(budget.window)})"
+            )
+    return QuotaVerdict(True, None, tuple(warnings))
+
+
+def spent_message(
+    namespace: str,
+    label: str,
+    used: Fraction,
+    budget: Budget,
+    spending: Spending,
+    key: str,
+    now: int,
+) -> str:
+    """Say that a budget is spent, with the numbers and when enough of it frees."""
+    frees = spending.frees_at(key, budget, now=now)
+    when = (
+        f"enough frees at {timestamp(frees)}"
+        if frees is not None
+        else "it frees only as the class's running pods end"
+    )
+    return (
+        f'namespace "{namespace}": {label} GPU-hour budget spent: used {hours(used)} of '
+        f"{hours(budget.gpu_seconds)} in the last {duration(budget.window)}; {when}; "
+        "running pods are not stopped"
+    )
+
+
+# --- The record's text --------------------------------------------------------------------
+
+
+class RecordError(ValueError):
+    """A stored GPU-hours record that cannot be read back."""
+
+
+def encode_hours(hours_: Hours) -> dict[str, Any]:
+    """Return a record as JSON-ready data: amounts as exact fractions (`"7/3"`)."""
+    return {
+        "checkpoint": hours_.checkpoint,
+        "classes": {
+            name: {
+                "total": str(entry.total),
+                "buckets": [[b.start, b.width, str(b.seconds)] for b in entry.buckets],
+            }
+            for name, entry in sorted(hours_.classes.items())
+        },
+    }
+
+
+def decode_hours(data: object) -> Hours:
+    """Read a record written by `encode_hours`; raise `RecordError` saying what is wrong."""
+    if not isinstance(data, Mapping):
+        raise RecordError("the record is not an object")
+    checkpoint = data.get("checkpoint")
+    classes = data.get("classes")
+    if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
+        raise RecordError(f"checkpoint {checkpoint!r} is not a time in seconds")
+    if not isinstance(classes, Mapping):
+        raise RecordError("classes is not an object")
+    decoded: dict[str, ClassHours] = {}
+    for name, entry in classes.items():
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("buckets"), list):
+            raise RecordError(f"class {name!r} has no list of buckets")
+        buckets = tuple(_bucket(name, raw) for raw in entry["buckets"])
+        decoded[str(name)] = ClassHours(_amount(name, entry.get("total")), buckets)
+    return Hours(checkpoint, decoded)
+
+
+def _bucket(name: object, raw: object) -> Bucket:
+    if (
+        not isinstance(raw, list)
+        or len(raw) != 3
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw[:2])
+        or raw[1] <= 0
+    ):
+        raise RecordError(f"class {name!r}: bucket {raw!r} is not [start, width, seconds]")
+    return Bucket(raw[0], raw[1], _amount(name, raw[2]))
+
+
+def _amount(name: object, raw: object) -> Fraction:
+    if not isinstance(raw, str) or len(raw) > 64:
+        raise RecordError(f"class {name!r}: {raw!r} is not an amount of GPU-seconds")
+    try:
+        amount = Fraction(raw)
+    except (ValueError, ZeroDivisionError):
+        raise RecordError(f"class {name!r}: {raw!r} is not an amount of GPU-seconds") from None
+    if amount < 0:
+        raise RecordError(f"class {name!r}: {raw!r} is negative")
+    return amount
