@@ -15,7 +15,7 @@ trusts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from policies import (
@@ -44,7 +44,9 @@ from webhook.admission.filters import (
 from webhook.claims.lookup import Claims
 from webhook.claims.templates import ClaimError, Templates
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, NoConfig
+from webhook.gpu_hours.gate import NO_BUDGETS, BudgetGate
 from webhook.quota.gate import QuotaGate
+from webhook.quota.line import held_in_line
 from webhook.reviews.large_pods import off_loop_if_large
 from webhook.reviews.request import CLAIM, CLAIM_TEMPLATE, CONFIG_MAP, AdmissionRequest
 
@@ -152,13 +154,17 @@ async def validate(
     quota: QuotaGate,
     claims: Claims,
     trusted: Trusted,
+    budgets: BudgetGate = NO_BUDGETS,
 ) -> Decision:
-    """Judge a pod as it will be stored: its rewrite, its quota, and updates to gpuadm's keys;
-    and judge DRA claims and templates, and ConfigMaps, written in a governed namespace."""
+    """Judge a pod as it will be stored: its rewrite, its quota, its GPU-hour budget, and
+    updates to gpuadm's keys; and judge DRA claims and templates, and ConfigMaps, written in
+    a governed namespace."""
     snapshot = _judged_or_snapshot(request, config)
     if isinstance(snapshot, Decision):
         return snapshot
-    return await validate_under(request, snapshot, quota=quota, claims=claims, trusted=trusted)
+    return await validate_under(
+        request, snapshot, quota=quota, claims=claims, trusted=trusted, budgets=budgets
+    )
 
 
 async def validate_under(
@@ -168,6 +174,7 @@ async def validate_under(
     quota: QuotaGate,
     claims: Claims,
     trusted: Trusted,
+    budgets: BudgetGate = NO_BUDGETS,
 ) -> Decision:
     """Judge a request under one given config snapshot (as `gpuadm review` does)."""
     if (answer := first_answer(VALIDATE_FILTERS, request, config)) is not None:
@@ -196,7 +203,10 @@ async def validate_under(
             "no GPU pods in this namespace until an admin fixes it; retry then"
         )
         return Decision("denied", message, plan.warnings, plan, revisions=revisions)
-    verdict = await quota.admit(request, plan, config)
+    budget = budgets.judge(request.namespace, plan.class_name, config)
+    if budget is not None and not budget.allowed:
+        return _over_budget(request, config, plan, budget)
+    verdict = _with_budget(await quota.admit(request, plan, config), budget)
     if verdict is None:
         return Decision("allowed", "", plan.warnings, plan=plan, revisions=revisions)
     warnings = (*plan.warnings, *verdict.warnings)
@@ -206,6 +216,38 @@ async def validate_under(
     outcome: Outcome = "queued" if verdict.queued else "warned" if verdict.warnings else "allowed"
     return Decision(
         outcome, verdict.message or "", warnings, plan, quota=verdict, revisions=revisions
+    )
+
+
+def _over_budget(
+    request: AdmissionRequest, config: ConfigSnapshot, plan: Plan, budget: QuotaVerdict
+) -> Decision:
+    """Refuse a pod whose class's GPU-hour budget is spent; in a queue namespace, a pod
+    created behind gpuadm's gate waits in line instead, uncharged, until the budget frees
+    (the leader's releaser holds its class: `QueueLine.release`)."""
+    message = budget.message or "GPU-hour budget spent"
+    gate = config.policy.quota_gate
+    revisions = config.revisions
+    if config.quotas.mode_for(request.namespace) == "queue" and is_gated(request.object, gate):
+        held = held_in_line(message, gate, None)
+        warnings = (*plan.warnings, *held.warnings)
+        return Decision("queued", message, warnings, plan, quota=held, revisions=revisions)
+    return Decision("denied", message, plan.warnings, plan, quota=budget, revisions=revisions)
+
+
+def _with_budget(verdict: QuotaVerdict | None, budget: QuotaVerdict | None) -> QuotaVerdict | None:
+    """Join an admitted pod's quota verdict and its budget's: the warnings of both, and what
+    `enforce` would have done to either (warn mode)."""
+    if budget is None:
+        return verdict
+    if verdict is None:
+        return budget
+    return replace(
+        verdict,
+        message=verdict.message or budget.message,
+        warnings=(*verdict.warnings, *budget.warnings),
+        would_deny=verdict.would_deny or budget.would_deny,
+        exceeded=(*verdict.exceeded, *budget.exceeded),
     )
 
 

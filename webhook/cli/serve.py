@@ -73,6 +73,23 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "version older than this one, which all honour the record's watermark (default off)",
     )
     serve.add_argument(
+        "--gpu-hours-checkpoint-seconds",
+        type=flags.seconds_between(1, 3600),
+        default=60.0,
+        help="in a cluster: how often the leader counts GPU pods' running time into each "
+        "namespace's GPU-hour record, and every replica reads the records; a leader that dies "
+        "loses at most this much of pods deleted meanwhile (default 60)",
+    )
+    serve.add_argument(
+        "--gpu-hours-bucket-seconds",
+        type=int,
+        choices=[60, 300, 600, 900, 1800, 3600],
+        default=3600,
+        metavar="{60,300,600,900,1800,3600}",
+        help="the grain of the GPU-hour records: a budget's window counts whole buckets, so "
+        "it may count up to this much of usage just before it (default 3600)",
+    )
+    serve.add_argument(
         "--shutdown-delay-seconds",
         type=_non_negative_seconds,
         default=0.0,
@@ -167,6 +184,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
         lease_seconds=args.lease_seconds,
         drop_shown_reservations=args.drop_shown_reservations,
+        gpu_hours_checkpoint_seconds=args.gpu_hours_checkpoint_seconds,
+        gpu_hours_bucket_seconds=args.gpu_hours_bucket_seconds,
         identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
     )
     _use_fast_loop()

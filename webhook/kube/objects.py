@@ -12,6 +12,17 @@ MANAGED_BY = {policy.MANAGED_BY: policy.MANAGER}
 # The label that marks a usage record and names its tenant namespace (a ConfigMap's name
 # may be cut; a label value holds the whole namespace name).
 USAGE_RECORD_LABEL = "gpuadm.io/usage-for"
+# The label that marks a GPU-hours record and names its tenant namespace.
+HOURS_RECORD_LABEL = "gpuadm.io/gpu-hours-for"
+# The key of a GPU-hours record's data (`policies.gpu_hours.encode_hours`, as JSON).
+HOURS_DATA_KEY = "hours.json"
+
+
+def hours_record_name(namespace: str) -> str:
+    """Name the ConfigMap that holds a tenant namespace's counted GPU-hours."""
+    return f"gpuadm-gpu-hours-{namespace}"
+
+
 # events.k8s.io/v1 refuses a note over 1 KiB; core/v1 Events are held to the same size, so
 # that the same Event is valid through either API and `kubectl describe` stays readable.
 EVENT_MESSAGE_MAX = 1024

@@ -8,7 +8,9 @@ a namespace woken again while due keeps its place. Each turn:
 
 1. charges the pods that fit, in line order, through the namespace's record (`QueueLine.
    release`): a compare-and-swap write, like an admission's; at most `per_turn` pods, found
-   through the line's index without visiting the line;
+   through the line's index without visiting the line; a class whose GPU-hour budget is
+   spent keeps waiting (`held`), and its budget frees with time alone, so the periodic pass
+   is what releases it;
 2. removes each charged pod's gate, with a JSON patch that tests the pod's uid and the gate,
    so a pod deleted and made again under the same name is never released by mistake;
 3. wakes the Event writer (`events.EventWriter`), which tells the pods still waiting what they
@@ -29,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 from policies.queue import Waiting, remove_gate
 from webhook.config.snapshot import ConfigHolder
@@ -68,6 +70,7 @@ class Releaser:
         period: float = PERIOD_SECONDS,
         per_turn: int = PER_TURN,
         clock: Callable[[], float] = time.monotonic,
+        held: Callable[[str, Iterable[str]], Mapping[str, str]] = lambda _ns, _classes: {},
     ) -> None:
         self.line = line
         self.usage = usage
@@ -80,6 +83,8 @@ class Releaser:
         self.period = period
         self.per_turn = per_turn
         self.clock = clock
+        # Which classes of a namespace's line keep waiting for their GPU-hour budget.
+        self.held = held
         # Namespaces due for a turn, in turn order (a dict as an ordered set).
         self._due: dict[str, None] = {}
         self._everything = True
@@ -151,6 +156,7 @@ class Releaser:
                 snapshot.quotas,
                 skip=frozenset(self._released),
                 most=self.per_turn,
+                held=self.held(namespace, self.usage.line(namespace).by_class()),
             )
         except KubeError as error:
             log.warning("cannot charge the waiting pods of namespace %s: %s", namespace, error)

@@ -13,6 +13,7 @@ from prometheus_client.registry import Collector
 
 from webhook.observe.readings import (
     AuditReading,
+    HoursReading,
     MemoReading,
     QueueReading,
     QuotaReading,
@@ -42,6 +43,41 @@ class _QuotaCollector(Collector):
                 limit.add_metric([reading.namespace, reading.gpu_class], reading.limit)
         yield in_use
         yield limit
+
+
+class _HoursCollector(Collector):
+    """Reads GPU-seconds and budgets at scrape time, for the namespaces that used GPUs."""
+
+    def __init__(self, read: Callable[[], Iterable[HoursReading]]) -> None:
+        self._read = read
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["namespace", "gpu_class"]
+        seconds = CounterMetricFamily(
+            "gpuadm_gpu_seconds",
+            "GPU-seconds a namespace's pods of a class have run, each pod charged its share: "
+            "the counted record and what ran since its last checkpoint.",
+            labels=labels,
+        )
+        used = GaugeMetricFamily(
+            "gpuadm_gpu_budget_used_seconds",
+            "GPU-seconds a namespace used of a class in the window of its GPU-hour budget.",
+            labels=labels,
+        )
+        budget = GaugeMetricFamily(
+            "gpuadm_gpu_budget_seconds",
+            "The GPU-hour budget of a namespace for a class, in GPU-seconds per window.",
+            labels=labels,
+        )
+        for reading in self._read():
+            key = [reading.namespace, reading.gpu_class]
+            seconds.add_metric(key, reading.gpu_seconds)
+            if reading.budget is not None and reading.budget_used is not None:
+                used.add_metric(key, reading.budget_used)
+                budget.add_metric(key, reading.budget)
+        yield seconds
+        yield used
+        yield budget
 
 
 class _QueueCollector(Collector):
@@ -283,6 +319,10 @@ class Metrics:
     def watch_quota(self, read: Callable[[], Iterable[QuotaReading]]) -> None:
         """Export quota use and limits, read from `read` at each scrape."""
         self.registry.register(_QuotaCollector(read))
+
+    def watch_hours(self, read: Callable[[], Iterable[HoursReading]]) -> None:
+        """Export GPU-seconds and budgets, read from `read` at each scrape."""
+        self.registry.register(_HoursCollector(read))
 
     def watch_queue(self, read: Callable[[], Iterable[QueueReading]]) -> None:
         """Export the lines of waiting pods, read from `read` at each scrape."""

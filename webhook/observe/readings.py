@@ -50,3 +50,14 @@ class TaskReading(NamedTuple):
     task: str
     running: bool
     seconds_since_progress: float
+
+
+class HoursReading(NamedTuple):
+    """A namespace's GPU-seconds of a class: all counted, and within its budget's window."""
+
+    namespace: str
+    gpu_class: str
+    gpu_seconds: float
+    # Used in the budget's window, and the budget (None: no budget on the class).
+    budget_used: float | None = None
+    budget: float | None = None

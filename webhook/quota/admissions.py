@@ -29,7 +29,7 @@ from fractions import Fraction
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
 from policies.queue import is_gated, may_gate
-from policies.quotas import Terms, limits_on
+from policies.quotas import Terms, budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.book import NOT_IN_SYNC, NotInSync, RecordBusy, ReservationBook
@@ -141,7 +141,8 @@ class AdmissionJudge:
     def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
-        """In a queue namespace, give every pod a limit applies to gpuadm's gate at creation.
+        """In a queue namespace, give every pod a limit or a GPU-hour budget applies to
+        gpuadm's gate at creation.
 
         The validating judgement then either charges it at once (the gate is removed by the
         leader within moments) or leaves it waiting in line, uncharged. So a burst of creates
@@ -152,7 +153,9 @@ class AdmissionJudge:
         if class_name is None:
             return None
         terms = config.quotas.terms(namespace)
-        if terms.mode != "queue" or not limits_on(class_name, terms.limits):
+        if terms.mode != "queue":
+            return None
+        if not (limits_on(class_name, terms.limits) or budgets_on(class_name, terms.budgets)):
             return None
         never = _never_fits(namespace, plan, terms.limits)
         return never if never is not None else QuotaVerdict(True, queued=True)

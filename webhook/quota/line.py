@@ -124,17 +124,19 @@ class QueueLine:
         *,
         skip: frozenset[str] = frozenset(),
         most: int | None = None,
+        held: Mapping[str, str] | None = None,
     ) -> tuple[list[Waiting], Turn]:
         """Charge the pods of a namespace's line that fit now, in order; return every pod
         whose gate is to be removed (those charged before whose gate is still on, then those
         charged now) and what the turn decided. `skip` holds pods already released whose
         gate removal this replica's watch has not shown yet. `most` bounds the pods returned:
         the turn then charges the first of those a whole pass would, and says there are
-        more (`Turn.more`)."""
+        more (`Turn.more`). `held`: classes that keep waiting whatever their limits (a
+        GPU-hour budget spent), with why."""
         limits = quotas.limits_for(namespace)
         async with self._book.lock(namespace):
             return await self._book.compare_and_swap(
-                namespace, lambda: self._try_release(namespace, limits, skip, most)
+                namespace, lambda: self._try_release(namespace, limits, skip, most, held or {})
             )
 
     async def _try_release(
@@ -143,6 +145,7 @@ class QueueLine:
         limits: Mapping[str, Fraction],
         skip: frozenset[str],
         most: int | None,
+        held: Mapping[str, str],
     ) -> tuple[list[Waiting], Turn]:
         """One attempt of `release`; raises `Conflict` if another replica wrote first."""
         # Read afresh, not from this replica's copy: other replicas charge gated pods at
@@ -173,6 +176,7 @@ class QueueLine:
                 limits,
                 excluded=in_line | line.present(skip),
                 most=budget,
+                held=held,
             )
             released = walked.released
             more = more or not walked.complete
@@ -206,10 +210,14 @@ class QueueLine:
                 log.warning("cannot give back the room of pod %s: %s", uid, busy.detail)
 
     def placer(
-        self, namespace: str, limits: Mapping[str, Fraction]
+        self,
+        namespace: str,
+        limits: Mapping[str, Fraction],
+        held: Mapping[str, str] | None = None,
     ) -> Callable[[Waiting], Place | None]:
         """Return what tells a waiting pod of the namespace its place now (None: it is
-        charged, or a pass would release it), against this replica's view and record."""
+        charged, or a pass would release it), against this replica's view and record;
+        `held` as `release` takes it."""
         reservations = self._book.copied(namespace)
         line = self._usage.line(namespace)
         excluded = line.present(reservations)
@@ -218,7 +226,7 @@ class QueueLine:
         def place(pod: Waiting) -> Place | None:
             if pod.uid in reservations:
                 return None  # charged: its gate is about to go
-            return line.place(namespace, pod, in_use, limits, excluded=excluded)
+            return line.place(namespace, pod, in_use, limits, excluded=excluded, held=held)
 
         return place
 

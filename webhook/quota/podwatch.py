@@ -11,10 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import aclosing
-from typing import Any
+from fractions import Fraction
+from typing import Any, Protocol
 
+from policies import Policy, QuotaConfig
 from policies.queue import Waiting
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -27,6 +29,30 @@ log = logging.getLogger("gpuadm.pods")
 # A replica whose view of pods is older than this stops admitting pods under quota: its
 # count could be missing pods the other replicas admitted. Below the reservation lifetime.
 STALE_AFTER = 60.0
+
+
+class PodFollower(Protocol):
+    """What else follows every pod the watch lists and sees change (the GPU-hours' runs)."""
+
+    def begin_list(self) -> None:
+        """A full list begins."""
+
+    def observe(
+        self,
+        pod: Mapping[str, Any],
+        policy: Policy,
+        quotas: QuotaConfig,
+        *,
+        now: float,
+        charged: tuple[str, Fraction] | None = None,
+    ) -> None:
+        """A pod as it now is; `charged` is what the usage index charges it, if anything."""
+
+    def end_list(self, *, now: float) -> None:
+        """The full list is complete."""
+
+    def deleted(self, uid: str, *, now: float) -> None:
+        """A pod was deleted."""
 
 
 class _Expired(Exception):
@@ -46,6 +72,7 @@ class PodWatcher:
         clock: Callable[[], float] = time.time,
         resync_seconds: float = 600.0,
         watch_seconds: int = 30,
+        followers: tuple[PodFollower, ...] = (),
     ) -> None:
         self.api = api
         self.usage = usage
@@ -54,6 +81,7 @@ class PodWatcher:
         self.clock = clock
         self.resync_seconds = resync_seconds
         self.watch_seconds = watch_seconds
+        self.followers = followers
         self.synced = False
         self.last_contact = 0.0
         self._relist = asyncio.Event()
@@ -115,14 +143,26 @@ class PodWatcher:
         holdings: dict[str, Holding] = {}
         waiting: dict[str, Waiting] = {}
         version = ""
+        policy, quotas = snapshot.policy, snapshot.quotas
+        for follower in self.followers:
+            follower.begin_list()
         async for page in self.api.list_pods():
             version = version or page.resource_version
+            now = self.clock()
             for pod in page.items:
-                state = pod_state(pod, snapshot.policy, snapshot.quotas)
+                state = pod_state(pod, policy, quotas)
                 if isinstance(state, Holding):
                     holdings[pod["metadata"]["uid"]] = state
                 elif isinstance(state, Waiting):
                     waiting[pod["metadata"]["uid"]] = state
+                if self.followers and not isinstance(state, Waiting):
+                    charged = (
+                        (state.class_name, state.charge) if isinstance(state, Holding) else None
+                    )
+                    for follower in self.followers:
+                        follower.observe(pod, policy, quotas, now=now, charged=charged)
+        for follower in self.followers:
+            follower.end_list(now=self.clock())
         return holdings, waiting, version
 
     async def _watch(self, version: str) -> str:
@@ -149,13 +189,16 @@ class PodWatcher:
         metadata = obj.get("metadata") or {}
         version = metadata.get("resourceVersion")
         number = resource_version(version)
+        now = self.clock()
         if kind == "DELETED":
-            self.usage.forget(str(metadata.get("uid")), now=self.clock(), version=number)
+            self.usage.forget(str(metadata.get("uid")), now=now, version=number)
+            for follower in self.followers:
+                follower.deleted(str(metadata.get("uid")), now=now)
         elif kind in ("ADDED", "MODIFIED"):
             snapshot = self.config.current
-            self.usage.observe(
-                obj, snapshot.policy, snapshot.quotas, now=self.clock(), version=number
-            )
+            self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=now, version=number)
+            for follower in self.followers:
+                follower.observe(obj, snapshot.policy, snapshot.quotas, now=now)
         if number is not None:  # a bookmark too: every event up to it was sent
             self.usage.advance(number)
         self.metrics.tracked_pods.set(len(self.usage))

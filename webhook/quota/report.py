@@ -82,7 +82,8 @@ def namespace_report(
 ) -> list[ClassReport]:
     """Report each class the namespace has a limit for, holds, reserves or waits for, and
     `*` when it has a cap across classes. Classes come in name order, `*` last."""
-    limits, mode, _ = quotas.terms(namespace)
+    terms = quotas.terms(namespace)
+    limits, mode = terms.limits, terms.mode
     holders: dict[str, list[tuple[str, Fraction]]] = {}
     for holding in holdings:
         holders.setdefault(holding.class_name, []).append((holding.pod, holding.charge))

@@ -12,6 +12,7 @@ from webhook.admission import decisions
 from webhook.claims.lookup import Claims, NoClaims
 from webhook.claims.templates import NoTemplates, Templates
 from webhook.config.snapshot import ConfigHolder
+from webhook.gpu_hours.gate import BudgetGate, NoBudgets
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
@@ -29,6 +30,7 @@ def create_app(
     config: ConfigHolder,
     *,
     quota: QuotaGate | None = None,
+    budgets: BudgetGate | None = None,
     templates: Templates | None = None,
     claims: Claims | None = None,
     metrics: Metrics | None = None,
@@ -42,6 +44,7 @@ def create_app(
     """Build the whole webhook application; nothing is added to it after this returns.
 
     `config` holds the config in force; `quota` charges admitted pods (default: unlimited);
+    `budgets` judges them against GPU-hour budgets (default: none);
     `templates` makes the ResourceClaimTemplates of dra pods and `claims` reads the claims
     pods name (default: none, as when serving from files); `audit` receives a record per
     decision; `tls` is the certificate reloader of the served
@@ -82,6 +85,7 @@ def create_app(
         decisions.validate,
         config=config,
         quota=gate,
+        budgets=budgets if budgets is not None else NoBudgets(),
         claims=claims or NoClaims(),
         trusted=decisions.Trusted(settings.trusted_user, settings.claim_controllers),
     )

@@ -16,6 +16,9 @@ from webhook.claims.templates import ClusterTemplates
 from webhook.config.configmap_source import ConfigMapSource
 from webhook.config.file_source import FileSource
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
+from webhook.gpu_hours.ledger import HoursLedger
+from webhook.gpu_hours.runs import RunIndex
+from webhook.gpu_hours.store import HoursStore
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter, PodEvents
 from webhook.leader.lease import LeaseElector
@@ -68,6 +71,8 @@ def standalone_app(
     usage = UsageIndex()
     ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False, metrics=metrics)
     export_quota(metrics, ledger.book, holder, usage)
+    # No pods run without a cluster: budgets are judged, against nothing used.
+    hours = HoursLedger(RunIndex(), None)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
     if config.quotas.mode == "queue" or any(
         entry.mode == "queue" for entry in config.quotas.namespaces.values()
@@ -80,6 +85,7 @@ def standalone_app(
         settings,
         holder,
         quota=ledger,
+        budgets=hours,
         metrics=metrics,
         audit=audit,
         tls=tls,
@@ -109,7 +115,16 @@ def cluster_app(
     metrics = Metrics()
     holder = ConfigHolder(metrics=metrics)
     usage = UsageIndex()
-    pods = PodWatcher(api, usage, holder, metrics)
+    runs = RunIndex()
+    pods = PodWatcher(api, usage, holder, metrics, followers=(runs,))
+    hours = HoursLedger(
+        runs,
+        HoursStore(api, settings.namespace),
+        pods_ready=pods.ready,
+        checkpoint_seconds=settings.gpu_hours_checkpoint_seconds,
+        bucket_seconds=settings.gpu_hours_bucket_seconds,
+    )
+    metrics.watch_hours(lambda: hours.readings(holder.current.quotas) if holder.loaded else [])
     config = ConfigMapSource(
         api,
         settings.namespace,
@@ -140,7 +155,9 @@ def cluster_app(
         PodEvents(api, settings.identity or "gpuadm"),
         usage,
         lambda namespace: ledger.line.placer(
-            namespace, holder.current.quotas.limits_for(namespace)
+            namespace,
+            holder.current.quotas.limits_for(namespace),
+            hours.held(namespace, usage.line(namespace).by_class(), holder.current),
         ),
         ready=lambda: pods.ready() and holder.loaded,
     )
@@ -153,6 +170,7 @@ def cluster_app(
         leading=elector.leading,
         ready=pods.ready,
         metrics=metrics,
+        held=lambda namespace, classes: hours.held(namespace, classes, holder.current),
     )
     publisher = QuotaPublisher(ledger.line, usage, holder, api, ready=pods.ready)
     usage.on_change(releaser.wake)
@@ -170,12 +188,17 @@ def cluster_app(
             Background("release", _with_progress(releaser.run)),
             Background("queue-events", events.run),
             Background("publish", publisher.run),
+            Background(
+                "gpu-hours-checkpoint",
+                partial(hours.checkpoint_forever, lambda: holder.current.quotas),
+            ),
         ],
     )
     return create_app(
         settings,
         holder,
         quota=ledger,
+        budgets=hours,
         templates=templates,
         claims=ClusterClaims(api),
         metrics=metrics,
@@ -186,6 +209,7 @@ def cluster_app(
             Background("configmaps", config.run, stale_after=CONFIG_WATCH_STALE_SECONDS),
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger.book)),
+            Background("gpu-hours-records", hours.read_forever),
             Background("claim-templates", templates.run),
             Background("lease", elector.run),
             Background("leader-work", leader_work.run),

@@ -52,5 +52,10 @@ class Settings:
     drop_shown_reservations: bool = False
     """Take a reservation out of its usage record as soon as the pod watch shows its pod
     (`webhook.quota.book`); off until no replica older than the watermark is left."""
+    gpu_hours_checkpoint_seconds: float = 60.0
+    """How often the leader counts GPU pods' running time into the GPU-hour records, and
+    every replica reads them (`webhook.gpu_hours.ledger`)."""
+    gpu_hours_bucket_seconds: int = 3600
+    """The width of the GPU-hour records' buckets: the grain of a budget's window."""
     identity: str = ""
     """This replica's name in the Lease and its Events (default: host name and a suffix)."""

@@ -1,0 +1,245 @@
+"""GPU-hours across replicas: counted by the leader into records, read by every replica.
+
+Every replica keeps the runs of GPU pods its pod watch shows (`runs.RunIndex`) and reads the
+records every `checkpoint_seconds`. The leader, at each checkpoint, counts each namespace's
+runs into its record, from the record's last checkpoint to now (`policies.gpu_hours.accrue`),
+and writes the record with the version it read. So:
+
+- what a namespace used is its record plus what its runs used since the record's checkpoint
+  (`unrecorded`), and every replica computes the same from the same pods, whether its copy
+  of the record is the newest or one checkpoint old;
+- a leader that dies between checkpoints loses nothing the next leader's pod watch still
+  shows: the next checkpoint counts from the record's. Lost is only the time of a pod that
+  ended and was deleted while no replica watched, since the last checkpoint: at most one
+  interval of it;
+- a write refused because the record moved (a second leader for a moment) counts nothing:
+  the next checkpoint reads the record again.
+
+A record that cannot be read is never overwritten and never read as zero: the namespace's
+budgeted classes admit no pods until an admin fixes or deletes it, and the log says so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from fractions import Fraction
+
+from policies.budget import DAY
+from policies.gpu_hours import (
+    Hours,
+    RecordError,
+    Spending,
+    accrue,
+    compact,
+    judge_budget,
+    running_shares,
+    unrecorded,
+)
+from policies.judge import QuotaVerdict
+from policies.quotas import QuotaConfig, budgets_on
+from webhook.config.snapshot import ConfigSnapshot
+from webhook.gpu_hours.runs import RunIndex
+from webhook.gpu_hours.store import HoursStore, Moved, Stored
+from webhook.kube.errors import KubeError
+from webhook.observe.readings import HoursReading
+
+log = logging.getLogger("gpuadm.gpu_hours")
+
+CHECKPOINT_SECONDS = 60.0
+BUCKET_SECONDS = 3600
+# Showback keeps a month and a bit of usage in day-wide buckets, whatever the budgets.
+KEEP_SECONDS = 35 * DAY
+# A record that cannot be read is logged again this often.
+RELOG_SECONDS = 600.0
+
+NOT_READ = "gpuadm has not read the GPU-hour records yet, so it cannot judge the budget; retry"
+
+
+class HoursLedger:
+    """One replica's GPU-hours: its runs, its copy of the records, and the leader's
+    checkpoints."""
+
+    def __init__(
+        self,
+        runs: RunIndex,
+        store: HoursStore | None,
+        *,
+        pods_ready: Callable[[], bool] = lambda: True,
+        clock: Callable[[], float] = time.time,
+        checkpoint_seconds: float = CHECKPOINT_SECONDS,
+        bucket_seconds: int = BUCKET_SECONDS,
+        keep_seconds: int = KEEP_SECONDS,
+    ) -> None:
+        """Count `runs` into records kept in `store` (None: standalone, with no pods and no
+        records). `pods_ready` says whether the pod watch is in sync."""
+        self.runs = runs
+        self.store = store
+        self.pods_ready = pods_ready
+        self.clock = clock
+        self.checkpoint_seconds = checkpoint_seconds
+        self.bucket_seconds = bucket_seconds
+        self.keep_seconds = keep_seconds
+        self._records: dict[str, Stored] = {}
+        self.read_once = store is None
+        self._logged: dict[str, float] = {}
+
+    # --- every replica --------------------------------------------------------------------
+
+    async def read_forever(self, progress: Callable[[], None]) -> None:
+        """Read the records every `checkpoint_seconds`; raise an apiserver error, for the
+        supervisor to retry."""
+        while True:
+            await self.read()
+            progress()
+            await asyncio.sleep(self.checkpoint_seconds)
+
+    async def read(self) -> None:
+        """Read every record again, and drop runs that every checkpoint has counted."""
+        if self.store is None:
+            return
+        records = await self.store.read_all()
+        for stored in records.values():
+            if isinstance(stored.hours, RecordError):
+                self._log_unreadable(stored)
+        self._records = records
+        self.read_once = True
+        self.runs.prune(now=self.clock())
+
+    def spending(self, namespace: str, now: int) -> Spending | RecordError:
+        """Return what a namespace used (its record and its runs since), or why its record
+        cannot be read."""
+        stored = self._records.get(namespace)
+        hours = Hours() if stored is None else stored.hours
+        if isinstance(hours, RecordError):
+            return hours
+        runs = self.runs.runs(namespace)
+        return Spending(hours, unrecorded(hours, runs, now=now), running_shares(runs, now=now))
+
+    def judge(self, namespace: str, class_name: str, config: ConfigSnapshot) -> QuotaVerdict | None:
+        """Judge a new pod of a class against its namespace's GPU-hour budgets (queue mode is
+        judged as enforce: the caller holds what does not fit). None: no budget applies."""
+        terms = config.quotas.terms(namespace)
+        if not budgets_on(class_name, terms.budgets):
+            return None
+        if not (self.read_once and self.pods_ready()):
+            return QuotaVerdict(False, NOT_READ)
+        now = int(self.clock())
+        spending = self.spending(namespace, now)
+        if isinstance(spending, RecordError):
+            return QuotaVerdict(
+                False,
+                f'namespace "{namespace}": its GPU-hour record {spending}; until then gpuadm '
+                "admits no pods of classes with a budget here",
+            )
+        mode = "enforce" if terms.mode == "queue" else terms.mode
+        return judge_budget(
+            namespace=namespace,
+            class_name=class_name,
+            budgets=terms.budgets,
+            spending=spending,
+            now=now,
+            mode=mode,
+        )
+
+    def held(
+        self, namespace: str, classes: Iterable[str], config: ConfigSnapshot
+    ) -> dict[str, str]:
+        """Return the classes of a queue line that must keep waiting for their budget, each
+        with why."""
+        held = {}
+        for class_name in classes:
+            verdict = self.judge(namespace, class_name, config)
+            if verdict is not None and not verdict.allowed:
+                held[class_name] = verdict.message or "GPU-hour budget spent"
+        return held
+
+    def readings(self, quotas: QuotaConfig) -> list[HoursReading]:
+        """Return, per namespace and class that used GPUs, its GPU-seconds, and what it used
+        of its budget's window."""
+        now = int(self.clock())
+        readings = []
+        for namespace in sorted(set(self._records) | set(self.runs.namespaces())):
+            spending = self.spending(namespace, now)
+            if isinstance(spending, RecordError):
+                continue
+            budgets = quotas.budgets_for(namespace)
+            classes = set(spending.hours.classes) | set(spending.live)
+            for class_name in sorted(classes):
+                total = spending.hours.total(class_name) + spending.live.get(
+                    class_name, Fraction(0)
+                )
+                budget = budgets.get(class_name)
+                used = (
+                    None
+                    if budget is None
+                    else float(spending.used(class_name, now=now, window=budget.window))
+                )
+                readings.append(
+                    HoursReading(
+                        namespace,
+                        class_name,
+                        float(total),
+                        used,
+                        None if budget is None else float(budget.gpu_seconds),
+                    )
+                )
+        return readings
+
+    # --- the leader -----------------------------------------------------------------------
+
+    async def checkpoint_forever(
+        self, quotas: Callable[[], QuotaConfig], progress: Callable[[], None]
+    ) -> None:
+        """Checkpoint every `checkpoint_seconds` while this replica leads (`LeaderOnly`)."""
+        while True:
+            await asyncio.sleep(self.checkpoint_seconds)
+            if self.pods_ready():
+                await self.checkpoint(quotas())
+                progress()
+
+    async def checkpoint(self, quotas: QuotaConfig) -> int:
+        """Count every namespace's runs into its record up to now; return how many records
+        were written. A record that moved since it was read is left for the next one."""
+        if self.store is None:
+            return 0
+        records = await self.store.read_all()
+        now = int(self.clock())
+        fine_for = max(quotas.longest_window(), DAY) + self.bucket_seconds
+        written = 0
+        for namespace in sorted(set(records) | set(self.runs.namespaces())):
+            stored = records.get(namespace)
+            old = Hours() if stored is None else stored.hours
+            if isinstance(old, RecordError):
+                assert stored is not None
+                self._log_unreadable(stored)
+                continue
+            counted = accrue(old, self.runs.runs(namespace), now=now, width=self.bucket_seconds)
+            new = compact(counted, now=now, fine_for=fine_for, keep_for=self.keep_seconds)
+            if new.classes == old.classes:
+                continue  # nothing ran: the record, and its checkpoint, stay as they are
+            try:
+                version = await self.store.write(
+                    namespace, new, None if stored is None else stored.version
+                )
+            except Moved:
+                log.info(
+                    "the GPU-hour record of %s moved; counted at the next checkpoint", namespace
+                )
+                continue
+            except KubeError as error:
+                log.warning("cannot write the GPU-hour record of %s: %s", namespace, error)
+                continue
+            records[namespace] = Stored(namespace, new, version)
+            written += 1
+        self._records = records
+        self.read_once = True
+        return written
+
+    def _log_unreadable(self, stored: Stored) -> None:
+        now = self.clock()
+        if now - self._logged.get(stored.namespace, float("-inf")) >= RELOG_SECONDS:
+            self._logged[stored.namespace] = now
+            log.error("GPU-hour record of namespace %s: %s", stored.namespace, stored.hours)
