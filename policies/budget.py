@@ -7,7 +7,7 @@ finer grain. What is counted against a budget, and when, is `policies.gpu_hours`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 HOUR = 3600
@@ -25,9 +25,17 @@ class Budget:
 
     gpu_seconds: Fraction
     window: int
+    # As the admin wrote it, spaces taken out: what GPUQuota objects and messages show.
+    text: str = field(default="", compare=False)
+    # The unit of the amount as written (h, m or s): usage against it is said in it too.
+    unit: str = field(default="h", compare=False)
 
     def __str__(self) -> str:
-        return f"{hours(self.gpu_seconds)}/{duration(self.window)}"
+        return self.text or f"{hours(self.gpu_seconds)}/{duration(self.window)}"
+
+    def say(self, gpu_seconds: Fraction) -> str:
+        """Say an amount of GPU-seconds in this budget's unit: `512.25h`, `90.5m`, `150s`."""
+        return amount_in(gpu_seconds, self.unit)
 
 
 def parse_budget(value: object) -> Budget:
@@ -50,13 +58,21 @@ def parse_budget(value: object) -> Budget:
         raise ValueError(f"{value!r}: the window must be from 1s to {MAX_WINDOW // DAY}d")
     if seconds.denominator != 1:
         raise ValueError(f"{value!r}: the amount must be a whole number of GPU-seconds")
-    return Budget(seconds, span)
+    return Budget(seconds, span, "".join(text.split()) if text is not None else "", amount_unit)
 
 
 def hours(gpu_seconds: Fraction) -> str:
     """Say GPU-seconds as GPU-hours, to the hundredth: `512.25h`."""
-    value = float(round(Fraction(gpu_seconds) / HOUR, 2))
-    return f"{value:.2f}".rstrip("0").rstrip(".") + "h"
+    return amount_in(gpu_seconds, "h")
+
+
+def amount_in(gpu_seconds: Fraction, unit: str) -> str:
+    """Say GPU-seconds in GPU-hours (`h`) or GPU-minutes (`m`) to the hundredth, or in
+    whole GPU-seconds (`s`)."""
+    if unit == "s":
+        return f"{round(Fraction(gpu_seconds))}s"
+    value = float(round(Fraction(gpu_seconds) / _AMOUNT_UNITS[unit], 2))
+    return f"{value:.2f}".rstrip("0").rstrip(".") + unit
 
 
 def duration(seconds: int) -> str:

@@ -11,7 +11,7 @@ shares, and pure: the shell hands in the runs it saw and the time it is.
   `checkpoint`: GPU-seconds per class, in buckets of time, and a total that never forgets.
   `accrue` counts every run's part between the last checkpoint and now, and only that part,
   so counting the same run twice, or counting again after a crash, never counts a second
-  twice; what is not counted yet is `unrecorded`.
+  twice. What a namespace has used by now is its record accrued to now, unstored.
 - `judge_budget` refuses a new pod of a class whose budget is spent in the window that ends
   now, and says when enough of it leaves the window.
 """
@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from policies.budget import DAY, Budget, duration, hours
+from policies.budget import DAY, Budget, duration
 from policies.judge import NEARLY_FULL, QuotaVerdict
 from policies.quotas import ALL_CLASSES, Mode, budgets_on
 
@@ -226,17 +226,6 @@ def compact(hours_: Hours, *, now: int, fine_for: int, keep_for: int) -> Hours:
     return Hours(hours_.checkpoint, classes)
 
 
-def unrecorded(hours_: Hours, runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
-    """Return, per class, the GPU-seconds the runs used since the checkpoint: what the next
-    `accrue` will count."""
-    live: dict[str, Fraction] = {}
-    for run in runs:
-        seconds = run.seconds_between(hours_.checkpoint, now)
-        if seconds:
-            live[run.class_name] = live.get(run.class_name, Fraction(0)) + run.share * seconds
-    return live
-
-
 def running_shares(runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
     """Return, per class, the GPUs of the runs still running at `now`: the GPU-seconds
     their class gains each second."""
@@ -252,22 +241,17 @@ def running_shares(runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
 
 @dataclass(frozen=True, slots=True)
 class Spending:
-    """What a namespace's class has used, and is using, as a budget judgement reads it."""
+    """What a namespace has used, and is using, as a budget judgement reads it."""
 
+    # Counted up to now: the record, and what the runs used since its checkpoint
+    # (`accrue`, not stored).
     hours: Hours
-    # GPU-seconds used since the checkpoint, per class.
-    live: Mapping[str, Fraction]
     # GPUs running now, per class.
     rates: Mapping[str, Fraction]
 
     def used(self, key: str, *, now: int, window: int) -> Fraction:
         """Return the GPU-seconds of a class (`*`: of all) used in the window ending now."""
-        live = (
-            sum(self.live.values(), Fraction(0))
-            if key == ALL_CLASSES
-            else self.live.get(key, Fraction(0))
-        )
-        return self.hours.within(key, now - window) + live
+        return self.hours.within(key, now - window)
 
     def rate(self, key: str) -> Fraction:
         """Return the GPUs of a class (`*`: of all) running now."""
@@ -328,7 +312,7 @@ def judge_budget(
             percent = int(used * 100 / budget.gpu_seconds)
             warnings.append(
                 f'namespace "{namespace}": {label} GPU-hour budget is {percent}% used '
-                f"({hours(used)} of {budget} in the last {duration(budget.window)})"
+                f"({budget.say(used)} of {budget} in the last {duration(budget.window)})"
             )
     return QuotaVerdict(True, None, tuple(warnings))
 
@@ -350,8 +334,8 @@ def spent_message(
         else "it frees only as the class's running pods end"
     )
     return (
-        f'namespace "{namespace}": {label} GPU-hour budget spent: used {hours(used)} of '
-        f"{hours(budget.gpu_seconds)} in the last {duration(budget.window)}; {when}; "
+        f'namespace "{namespace}": {label} GPU-hour budget spent: used {budget.say(used)} of '
+        f"{budget.say(budget.gpu_seconds)} in the last {duration(budget.window)}; {when}; "
         "running pods are not stopped"
     )
 

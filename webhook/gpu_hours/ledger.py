@@ -25,7 +25,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from fractions import Fraction
 
 from policies.budget import DAY
 from policies.gpu_hours import (
@@ -36,7 +35,6 @@ from policies.gpu_hours import (
     compact,
     judge_budget,
     running_shares,
-    unrecorded,
 )
 from policies.judge import QuotaVerdict
 from policies.quotas import QuotaConfig, budgets_on
@@ -109,14 +107,15 @@ class HoursLedger:
         self.runs.prune(now=self.clock())
 
     def spending(self, namespace: str, now: int) -> Spending | RecordError:
-        """Return what a namespace used (its record and its runs since), or why its record
-        cannot be read."""
+        """Return what a namespace used by now (its record, and its runs since the record's
+        checkpoint counted as the next checkpoint will), or why its record cannot be read."""
         stored = self._records.get(namespace)
         hours = Hours() if stored is None else stored.hours
         if isinstance(hours, RecordError):
             return hours
         runs = self.runs.runs(namespace)
-        return Spending(hours, unrecorded(hours, runs, now=now), running_shares(runs, now=now))
+        counted = accrue(hours, runs, now=now, width=self.bucket_seconds)
+        return Spending(counted, running_shares(runs, now=now))
 
     def judge(self, namespace: str, class_name: str, config: ConfigSnapshot) -> QuotaVerdict | None:
         """Judge a new pod of a class against its namespace's GPU-hour budgets (queue mode is
@@ -166,11 +165,8 @@ class HoursLedger:
             if isinstance(spending, RecordError):
                 continue
             budgets = quotas.budgets_for(namespace)
-            classes = set(spending.hours.classes) | set(spending.live)
-            for class_name in sorted(classes):
-                total = spending.hours.total(class_name) + spending.live.get(
-                    class_name, Fraction(0)
-                )
+            for class_name in sorted(spending.hours.classes):
+                total = spending.hours.total(class_name)
                 budget = budgets.get(class_name)
                 used = (
                     None
