@@ -1,5 +1,5 @@
-"""The `gpuadm` command: serve, review, check-config, certs, quota, uninstall; one module per
-command."""
+"""The `gpuadm` command: serve, review, check-config, certs, quota, usage, uninstall; one module
+per command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certificates, check_config, quota, review, serve, uninstall
+from webhook.cli import certificates, check_config, quota, review, serve, uninstall, usage
 from webhook.cli.exits import CommandError, ExitCode, report
 
 
@@ -26,6 +26,7 @@ def build_parser(prog: str = "gpuadm") -> argparse.ArgumentParser:
     certificates.add_parser(sub)
     check_config.add_parser(sub)
     quota.add_parser(sub)
+    usage.add_parser(sub)
     uninstall.add_parser(sub)
     return parser
 

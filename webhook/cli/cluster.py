@@ -9,7 +9,10 @@ import asyncio
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from webhook.cli.exits import CommandError
+
 if TYPE_CHECKING:
+    from webhook.config.snapshot import ConfigSnapshot
     from webhook.kube.rest import AsyncApi
 
 T = TypeVar("T")
@@ -44,3 +47,37 @@ def call(api: AsyncApi, work: Coroutine[Any, Any, T]) -> T:
         return asyncio.run(closing())
     except KubeError as error:
         raise plainly(error, api.endpoint) from None
+
+
+async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
+    """Read gpuadm's policy and quotas from its ConfigMaps in `namespace`, as `serve` reads
+    them; raise `CommandError` saying what is missing or invalid."""
+    from policies import ConfigError
+    from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
+    from webhook.config.snapshot import snapshot_from_text
+
+    maps = {m["metadata"]["name"]: m for m in (await api.list_configmaps(namespace, "")).items}
+    if POLICY_MAP not in maps:
+        raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
+
+    def text(name: str, key: str) -> str:
+        data = (maps.get(name) or {}).get("data") or {}
+        if key not in data:
+            raise CommandError(
+                f"ConfigMap {namespace}/{name} has no key {key}: gpuadm refuses GPU pods in "
+                "governed namespaces until it has one"
+            )
+        return str(data[key])
+
+    try:
+        return snapshot_from_text(
+            text(POLICY_MAP, POLICY_KEY),
+            text(QUOTAS_MAP, QUOTAS_KEY),
+            policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
+            quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
+        )
+    except ConfigError as error:
+        raise CommandError(
+            "the config in the cluster is invalid (gpuadm keeps the last valid one in force):\n  "
+            + "\n  ".join(error.problems)
+        ) from None

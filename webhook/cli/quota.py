@@ -15,7 +15,6 @@ from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
-    from webhook.config.snapshot import ConfigSnapshot
     from webhook.kube.rest import AsyncApi
     from webhook.quota.report import ClassReport
 
@@ -79,6 +78,7 @@ async def cluster_reports(
 ) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts."""
     from policies.queue import Waiting
+    from webhook.cli.cluster import cluster_config
     from webhook.kube.objects import USAGE_RECORD_LABEL
     from webhook.quota.configmap_store import record_of
     from webhook.quota.ledger import RESERVATION_TTL
@@ -86,7 +86,7 @@ async def cluster_reports(
     from webhook.quota.reservations import Reservation
     from webhook.quota.usage import Holding, pod_state
 
-    config = await _config(api, gpuadm_namespace)
+    config = await cluster_config(api, gpuadm_namespace)
     # The records before the pods: a reservation leaves its record only once a watch has
     # shown its pod, so every pod whose reservation is gone by now is in the list that
     # follows; read the other way round, a pod admitted in between would be in neither.
@@ -134,38 +134,6 @@ async def cluster_reports(
             [w for w in waiting.values() if w.namespace == namespace and w.uid not in charged],
         )
     return reports
-
-
-async def _config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
-    from policies import ConfigError
-    from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
-    from webhook.config.snapshot import snapshot_from_text
-
-    maps = {m["metadata"]["name"]: m for m in (await api.list_configmaps(namespace, "")).items}
-    if POLICY_MAP not in maps:
-        raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
-
-    def text(name: str, key: str) -> str:
-        data = (maps.get(name) or {}).get("data") or {}
-        if key not in data:
-            raise CommandError(
-                f"ConfigMap {namespace}/{name} has no key {key}: gpuadm refuses GPU pods in "
-                "governed namespaces until it has one"
-            )
-        return str(data[key])
-
-    try:
-        return snapshot_from_text(
-            text(POLICY_MAP, POLICY_KEY),
-            text(QUOTAS_MAP, QUOTAS_KEY),
-            policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
-            quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
-        )
-    except ConfigError as error:
-        raise CommandError(
-            "the config in the cluster is invalid (gpuadm keeps the last valid one in force):\n  "
-            + "\n  ".join(error.problems)
-        ) from None
 
 
 def table(reports: list[ClassReport], *, headers: bool = True) -> str:

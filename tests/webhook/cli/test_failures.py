@@ -70,6 +70,7 @@ Argv = Callable[[World], list[str]]
 
 CLUSTER_COMMANDS: list[tuple[str, Argv]] = [
     ("quota", lambda w: ["quota"]),
+    ("usage", lambda w: ["usage"]),
     ("certs-show", lambda w: ["certs", "show"]),
     ("certs-install", lambda w: ["certs", "install"]),
     ("certs-rotate", lambda w: ["certs", "rotate"]),
