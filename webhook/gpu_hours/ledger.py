@@ -53,6 +53,9 @@ KEEP_SECONDS = 35 * DAY
 # A record that cannot be read is logged again this often.
 RELOG_SECONDS = 600.0
 
+# Namespaces whose spending is kept between judgements, at most (a few KiB each).
+MAX_KEPT_SPENDINGS = 10_000
+
 NOT_READ = "gpuadm has not read the GPU-hour records yet, so it cannot judge the budget; retry"
 
 
@@ -83,6 +86,8 @@ class HoursLedger:
         self._records: dict[str, Stored] = {}
         self.read_once = store is None
         self._logged: dict[str, float] = {}
+        # Per namespace, its spending as last worked out, and from what (`spending`).
+        self._spent: dict[str, tuple[tuple[int, int, Stored | None], Spending | RecordError]] = {}
 
     # --- every replica --------------------------------------------------------------------
 
@@ -110,12 +115,24 @@ class HoursLedger:
         """Return what a namespace used by now (its record, and its runs since the record's
         checkpoint counted as the next checkpoint will), or why its record cannot be read."""
         stored = self._records.get(namespace)
+        # Worked out once a second at most while its runs and record stay as they are: a
+        # burst of creates in a namespace of thousands of GPU pods costs one pass over them.
+        key = (now, self.runs.generation(namespace), stored)
+        known = self._spent.get(namespace)
+        if known is not None and known[0][0] == now and known[0][1:] == key[1:]:
+            return known[1]
         hours = Hours() if stored is None else stored.hours
+        spending: Spending | RecordError
         if isinstance(hours, RecordError):
-            return hours
-        runs = self.runs.runs(namespace)
-        counted = accrue(hours, runs, now=now, width=self.bucket_seconds)
-        return Spending(counted, running_shares(runs, now=now))
+            spending = hours
+        else:
+            runs = self.runs.runs(namespace)
+            counted = accrue(hours, runs, now=now, width=self.bucket_seconds)
+            spending = Spending(counted, running_shares(runs, now=now))
+        if len(self._spent) > MAX_KEPT_SPENDINGS:
+            self._spent.clear()
+        self._spent[namespace] = (key, spending)
+        return spending
 
     def judge(self, namespace: str, class_name: str, config: ConfigSnapshot) -> QuotaVerdict | None:
         """Judge a new pod of a class against its namespace's GPU-hour budgets (queue mode is

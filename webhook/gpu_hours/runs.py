@@ -34,6 +34,9 @@ class RunIndex:
         self._runs: dict[str, Run] = {}
         self._members: dict[str, set[str]] = {}  # namespace -> uids of its runs
         self._listing: dict[str, Run] | None = None
+        # Per namespace, a number that changes whenever its runs do (`generation`).
+        self._generations: dict[str, int] = {}
+        self._changes = 0
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -41,6 +44,11 @@ class RunIndex:
     def namespaces(self) -> list[str]:
         """Return the namespaces with runs."""
         return list(self._members)
+
+    def generation(self, namespace: str) -> int:
+        """Return a number that changes whenever the namespace's runs change, so that what
+        is worked out from them can be kept until then."""
+        return self._generations.get(namespace, 0)
 
     def runs(self, namespace: str) -> list[Run]:
         """Return a namespace's runs, running or ended lately."""
@@ -109,12 +117,24 @@ class RunIndex:
         if run is not None:
             self._runs[uid] = run
             self._members.setdefault(run.namespace, set()).add(uid)
+        if run != previous:
+            self._changed({r.namespace for r in (previous, run) if r is not None})
+
+    def _changed(self, namespaces: Iterable[str]) -> None:
+        self._changes += 1
+        for namespace in namespaces:
+            if namespace in self._members:
+                self._generations[namespace] = self._changes
+            else:  # no runs left: nothing to tell apart from a namespace never seen
+                self._generations.pop(namespace, None)
 
     def replace(self, runs: Iterable[tuple[str, Run]]) -> None:
         """Put these runs in force at once (tests and the benchmark)."""
+        before = set(self._members)
         self._runs, self._members = {}, {}
         for uid, run in runs:
             self._put(uid, run)
+        self._changed(before | set(self._members))
 
 
 def _ended(run: Run, now: int) -> Run:

@@ -314,3 +314,27 @@ def test_a_list_ends_the_runs_it_no_longer_shows() -> None:
     runs.begin_list()
     runs.end_list(now=1000)
     assert sorted((r.started, r.ended) for r in runs.runs("team-a")) == [(900, 950), (900, 1000)]
+
+
+async def test_within_one_second_a_change_of_runs_is_judged_at_once() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
+    hours = ledger(api, runs, clock)
+    await hours.read()
+    runs.replace([("u1", running("team-a", 950))])
+    first = hours.judge("team-a", "h100", config())
+    assert first is not None
+    assert first.allowed  # 50 of 100
+    snapshot = config()
+    body: dict[str, Any] = {
+        "metadata": {"uid": "u2", "name": "more", "namespace": "team-a"},
+        "spec": {"containers": [container("main", {"nvidia.com/gpu": "1"})]},
+        "status": {
+            "phase": "Running",
+            "containerStatuses": [{"state": {"running": {"startedAt": "1970-01-01T00:15:50Z"}}}],
+        },
+    }
+    body["metadata"]["annotations"] = {"gpuadm.io/class": "h100"}
+    runs.observe(body, snapshot.policy, snapshot.quotas, now=1000)  # another 50 s
+    second = hours.judge("team-a", "h100", config())
+    assert second is not None
+    assert not second.allowed
