@@ -18,6 +18,7 @@ shares, and pure: the shell hands in the runs it saw and the time it is.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -206,17 +207,19 @@ def _add(entry: ClassHours, by_start: Mapping[int, Fraction], width: int) -> Cla
 
 
 def compact(hours_: Hours, *, now: int, fine_for: int, keep_for: int) -> Hours:
-    """Merge buckets that ended more than `fine_for` ago into day-wide ones, and drop those
-    that ended more than `keep_for` ago (the total keeps them): a record stays a few KiB."""
+    """Merge buckets into day-wide ones once the day they fall in ended more than `fine_for`
+    ago, and drop buckets that ended more than `keep_for` ago (the total keeps them): a
+    record stays a few KiB. No window of at most `fine_for` counts a merged bucket, so none
+    counts more after a merge than before."""
     classes = {}
     for class_name, entry in hours_.classes.items():
         merged: dict[int, Bucket] = {}
         for bucket in entry.buckets:
             if bucket.end <= now - keep_for:
                 continue
-            if bucket.end <= now - fine_for and bucket.width < COARSE_WIDTH:
-                start = bucket.start - bucket.start % COARSE_WIDTH
-                bucket = Bucket(start, COARSE_WIDTH, bucket.seconds)
+            day = bucket.start - bucket.start % COARSE_WIDTH
+            if bucket.width < COARSE_WIDTH and day + COARSE_WIDTH <= now - fine_for:
+                bucket = Bucket(day, COARSE_WIDTH, bucket.seconds)
             old = merged.get(bucket.start)
             merged[bucket.start] = (
                 bucket if old is None else replace(old, seconds=old.seconds + bucket.seconds)
@@ -328,11 +331,12 @@ def spent_message(
 ) -> str:
     """Say that a budget is spent, with the numbers and when enough of it frees."""
     frees = spending.frees_at(key, budget, now=now)
-    when = (
-        f"enough frees at {timestamp(frees)}"
-        if frees is not None
-        else "it frees only as the class's running pods end"
-    )
+    if not budget.gpu_seconds:
+        when = "a budget of 0 allows none"
+    elif frees is not None:
+        when = f"enough frees at {timestamp(frees)}"
+    else:
+        when = "it frees only as the class's running pods end"
     return (
         f'namespace "{namespace}": {label} GPU-hour budget spent: used {budget.say(used)} of '
         f"{budget.say(budget.gpu_seconds)} in the last {duration(budget.window)}; {when}; "
@@ -391,12 +395,18 @@ def _bucket(name: object, raw: object) -> Bucket:
     return Bucket(raw[0], raw[1], _amount(name, raw[2]))
 
 
+# What `encode_hours` writes of an amount: a whole number or a fraction, never an exponent,
+# whose reading could take minutes ("1e999999999").
+_AMOUNT = re.compile(r"-?[0-9]{1,40}(/[0-9]{1,40})?")
+
+
 def _amount(name: object, raw: object) -> Fraction:
-    if not isinstance(raw, str) or len(raw) > 64:
-        raise RecordError(f"class {name!r}: {raw!r} is not an amount of GPU-seconds")
+    if not isinstance(raw, str) or not _AMOUNT.fullmatch(raw):
+        shown = repr(raw) if len(repr(raw)) <= 64 else repr(raw)[:60] + "..."
+        raise RecordError(f"class {name!r}: {shown} is not an amount of GPU-seconds")
     try:
         amount = Fraction(raw)
-    except (ValueError, ZeroDivisionError):
+    except ZeroDivisionError:
         raise RecordError(f"class {name!r}: {raw!r} is not an amount of GPU-seconds") from None
     if amount < 0:
         raise RecordError(f"class {name!r}: {raw!r} is negative")

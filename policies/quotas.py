@@ -129,10 +129,11 @@ class QuotaConfig(Model):
         if not (isinstance(data, Mapping) and isinstance(data.get("default"), Mapping)):
             return data
         default = dict(data["default"])
-        budget = default.pop(BUDGET_KEY, None)
-        _check_limit_keys(default, under=("default",))
-        if budget is None:
+        if BUDGET_KEY not in default:
+            _check_limit_keys(default, under=("default",))
             return data
+        budget = default.pop(BUDGET_KEY)
+        _check_limit_keys(default, under=("default",))
         if not isinstance(budget, Mapping):
             raise PydanticCustomError(
                 "budget",

@@ -220,6 +220,8 @@ class HoursLedger:
             return 0
         records = await self.store.read_all()
         now = int(self.clock())
+        # Hour by hour for the longest window (a day at least), so that no window judged
+        # ever counts a day-wide bucket (`compact`).
         fine_for = max(quotas.longest_window(), DAY) + self.bucket_seconds
         written = 0
         for namespace in sorted(set(records) | set(self.runs.namespaces())):
