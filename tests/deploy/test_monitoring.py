@@ -164,6 +164,7 @@ def exported_metrics() -> dict[str, set[str]]:
     metrics.watch_plan_memo(lambda: MemoReading(0, 0, 0))
     metrics.watch_tasks(lambda: [])
     metrics.watch_audit(lambda: AuditReading(0, 0, 0))
+    metrics.watch_hours(lambda: [])
     families = {}
     for family in metrics.registry.collect():
         assert family.type in SAMPLE_SUFFIXES, f"{family.name}: a {family.type} is new here"

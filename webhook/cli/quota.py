@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import time
+from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -76,9 +77,12 @@ def run(args: argparse.Namespace) -> ExitCode:
 async def cluster_reports(
     api: AsyncApi, gpuadm_namespace: str, *, only: str | None
 ) -> list[ClassReport]:
-    """Read config, pods and usage records from the cluster; report as the webhook counts."""
+    """Read config, pods and usage records from the cluster; report as the webhook counts,
+    with each GPU-hour budget's window as the GPU-hour records count it."""
+    from policies.gpu_hours import RecordError
     from policies.queue import Waiting
     from webhook.cli.cluster import cluster_config
+    from webhook.gpu_hours.store import HoursStore
     from webhook.kube.objects import USAGE_RECORD_LABEL
     from webhook.quota.configmap_store import record_of
     from webhook.quota.ledger import RESERVATION_TTL
@@ -124,14 +128,27 @@ async def cluster_reports(
         [ns for ns, found in reserved.items() if found],
         only=only,
     )
+    hours = await HoursStore(api, gpuadm_namespace).read_all()
     reports = []
     for namespace in names:
+        budgets = config.quotas.budgets_for(namespace)
+        stored = hours.get(namespace)
+        counted = None if stored is None else stored.hours
+        used = (
+            {}
+            if isinstance(counted, RecordError)
+            else {
+                key: Fraction(0) if counted is None else counted.within(key, int(now) - b.window)
+                for key, b in budgets.items()
+            }
+        )
         reports += namespace_report(
             namespace,
             config.quotas,
             [h for h in holdings.values() if h.namespace == namespace],
             reserved.get(namespace, []),
             [w for w in waiting.values() if w.namespace == namespace and w.uid not in charged],
+            budget_used=used,
         )
     return reports
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from fractions import Fraction
 
-from policies.budget import DAY
+from policies.budget import DAY, Budget
 from policies.gpu_hours import (
     Hours,
     RecordError,
@@ -133,6 +134,20 @@ class HoursLedger:
             self._spent.clear()
         self._spent[namespace] = (key, spending)
         return spending
+
+    def recorded_use(self, namespace: str, budgets: Mapping[str, Budget]) -> dict[str, Fraction]:
+        """Return, for each budget (a class or `*`), the GPU-seconds the namespace's record
+        counts in the budget's window ending now: as of the last checkpoint, not the seconds
+        run since, so that what tenants are shown changes once per checkpoint. Nothing while
+        the records are unread or the namespace's cannot be read."""
+        if not (budgets and self.read_once):
+            return {}
+        stored = self._records.get(namespace)
+        hours = Hours() if stored is None else stored.hours
+        if isinstance(hours, RecordError):
+            return {}
+        now = int(self.clock())
+        return {key: hours.within(key, now - b.window) for key, b in budgets.items()}
 
     def judge(self, namespace: str, class_name: str, config: ConfigSnapshot) -> QuotaVerdict | None:
         """Judge a new pod of a class against its namespace's GPU-hour budgets (queue mode is

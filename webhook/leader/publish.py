@@ -1,14 +1,19 @@
 """What tenants see: one GPUQuota object per namespace and class, kept current by the leader.
 
 `kubectl get gpuquotas -n team-a` lists a namespace's classes with their limit, what is in
-use, reserved and waiting; `kubectl describe gpuquota a100` adds the pods that hold it and
-the line. The objects are gpuadm's (a CRD, deploy/base/crd.yaml) and readable through the
-standard `view` role, which the ClusterRole `gpuadm-quota-view` is aggregated into. They are
-written only when what they say changes, and a namespace's are looked at again whenever its
-pods, line or quotas change, so they are current within `period` seconds; records written by
-other replicas are read again at least every `full_every` seconds.
+use, reserved and waiting, and their GPU-hour budget with what was used of it in its window;
+`kubectl describe gpuquota a100` adds the pods that hold it and the line. The objects are
+gpuadm's (a CRD, deploy/base/crd.yaml) and readable through the standard `view` role, which
+the ClusterRole `gpuadm-quota-view` is aggregated into. They are written only when what they
+say changes, and a namespace's are looked at again whenever its pods, line or quotas change,
+so they are current within `period` seconds; records written by other replicas are read
+again at least every `full_every` seconds.
 
 The cap across classes, `*`, is the object `all.classes` (no class name holds a dot).
+
+What was used of a budget is what the GPU-hour record says, as counted at its last
+checkpoint (`HoursLedger.recorded_use`), not the seconds of the pods running since: so an
+object changes once per checkpoint, not at every pass.
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from fractions import Fraction
 from typing import Any
 
 from policies.policy import MANAGED_BY, MANAGER
@@ -73,7 +79,10 @@ class QuotaPublisher:
         period: float = PERIOD_SECONDS,
         full_every: float = FULL_EVERY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        budget_used: Callable[[str], Mapping[str, Fraction]] = lambda namespace: {},
     ) -> None:
+        """`budget_used`: per namespace, the GPU-seconds used of each budget in its window
+        (`HoursLedger.recorded_use`); none known by default."""
         self.line = line
         self.usage = usage
         self.config = config
@@ -82,6 +91,7 @@ class QuotaPublisher:
         self.period = period
         self.full_every = full_every
         self.clock = clock
+        self.budget_used = budget_used
         self._due: set[str] = set()
         self._full_at = 0.0
         # What is published: namespace -> object name -> (status, object as stored). None
@@ -165,11 +175,13 @@ class QuotaPublisher:
             reserved.values(),
             # A gated pod with a reservation is charged, its gate about to go: not waiting.
             [w for w in self.usage.waiting(namespace) if w.uid not in reserved],
+            budget_used=self.budget_used(namespace),
         )
-        # A namespace the quota file lists is shown even while it holds nothing; any other
-        # (under `default`) once it holds, reserves or waits for a GPU.
+        # A namespace the quota file lists is shown even while it holds nothing (with its
+        # budgets, if it has only those); any other (under `default`) once it holds, reserves
+        # or waits for a GPU, and while its record counts GPU-hours in a budget's window.
         relevant = namespace in quotas.namespaces or any(
-            r.in_use or r.reserved or r.waiting for r in reports
+            r.in_use or r.reserved or r.waiting or r.budget_used for r in reports
         )
         wanted = {object_name(r.class_name): quota_object(r) for r in reports} if relevant else {}
         published = published_all.setdefault(namespace, {})

@@ -4,7 +4,10 @@
 - in use: the GPU pods the watch (or a list) shows, charged from their resources;
 - reserved: pods admitted or released whose reservation is in the record but that are not
   shown as pods yet;
-- waiting: the pods held in line by gpuadm's scheduling gate, in the order they go.
+- waiting: the pods held in line by gpuadm's scheduling gate, in the order they go;
+- the GPU-hour budget, when the namespace has one for the class (or `*`), and what was used
+  of it in its window, as the caller counts it (the report is handed numbers: the quota room
+  knows nothing of the GPU-hour records).
 
 The ledger judges against in use plus reserved.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from policies.budget import Budget
 from policies.quantity import format_amount
 from policies.queue import Waiting, in_line_order
 from policies.quotas import ALL_CLASSES, QuotaConfig
@@ -39,6 +43,10 @@ class ClassReport:
     reserved: Fraction
     holders: tuple[tuple[str, Fraction], ...]
     waiting: tuple[Waiting, ...]
+    # The GPU-hour budget of the class (or `*`), and the GPU-seconds used in its window (None:
+    # no budget, or not known to whoever made the report).
+    budget: Budget | None = None
+    budget_used: Fraction | None = None
 
     @property
     def waiting_gpus(self) -> Fraction:
@@ -70,6 +78,10 @@ class ClassReport:
             data["holdersNotListed"] = len(self.holders) - NAMED_PODS_MAX
         if len(self.waiting) > NAMED_PODS_MAX:
             data["queueNotListed"] = len(self.waiting) - NAMED_PODS_MAX
+        if self.budget is not None:
+            data["budget"] = str(self.budget)
+        if self.budget is not None and self.budget_used is not None:
+            data["budgetUsed"] = self.budget.say(self.budget_used)
         return data
 
 
@@ -79,11 +91,19 @@ def namespace_report(
     holdings: Iterable[Holding],
     reserved: Iterable[Reservation],
     line: Sequence[Waiting],
+    *,
+    budget_used: Mapping[str, Fraction] | None = None,
 ) -> list[ClassReport]:
-    """Report each class the namespace has a limit for, holds, reserves or waits for, and
-    `*` when it has a cap across classes. Classes come in name order, `*` last."""
+    """Report each class the namespace has a limit or a GPU-hour budget for, holds, reserves
+    or waits for, and `*` when it has a cap or a budget across classes. Classes come in name
+    order, `*` last.
+
+    `budget_used`: per class with a budget (or `*`), the GPU-seconds used in the budget's
+    window; a class it leaves out reports its budget without what was used of it.
+    """
     terms = quotas.terms(namespace)
-    limits, mode = terms.limits, terms.mode
+    limits, mode, budgets = terms.limits, terms.mode, terms.budgets
+    used = budget_used or {}
     holders: dict[str, list[tuple[str, Fraction]]] = {}
     for holding in holdings:
         holders.setdefault(holding.class_name, []).append((holding.pod, holding.charge))
@@ -94,7 +114,9 @@ def namespace_report(
         )
     ordered = in_line_order(line)
     classes = sorted(
-        ({k for k in limits if k != ALL_CLASSES} | set(holders) | set(reserved_by_class))
+        {k for k in (*limits, *budgets) if k != ALL_CLASSES}
+        | set(holders)
+        | set(reserved_by_class)
         | {w.class_name for w in ordered}
     )
     reports = [
@@ -106,20 +128,24 @@ def namespace_report(
             holders.get(name, []),
             reserved_by_class.get(name, Fraction(0)),
             [w for w in ordered if w.class_name == name],
+            budgets.get(name),
+            used,
         )
         for name in classes
     ]
-    if ALL_CLASSES in limits:
+    if ALL_CLASSES in limits or ALL_CLASSES in budgets:
         everyone = [h for name in sorted(holders) for h in holders[name]]
         reports.append(
             _report(
                 namespace,
                 ALL_CLASSES,
                 mode,
-                limits[ALL_CLASSES],
+                limits.get(ALL_CLASSES),
                 everyone,
                 sum(reserved_by_class.values(), Fraction(0)),
                 ordered,
+                budgets.get(ALL_CLASSES),
+                used,
             )
         )
     return reports
@@ -133,6 +159,8 @@ def _report(
     holders: list[tuple[str, Fraction]],
     reserved: Fraction,
     waiting: list[Waiting],
+    budget: Budget | None,
+    budget_used: Mapping[str, Fraction],
 ) -> ClassReport:
     return ClassReport(
         namespace=namespace,
@@ -143,6 +171,9 @@ def _report(
         reserved=reserved,
         holders=tuple(sorted(holders)),
         waiting=tuple(waiting),
+        budget=budget,
+        # What was used is said only of a budget: without one there is no window to count in.
+        budget_used=None if budget is None else budget_used.get(class_name),
     )
 
 

@@ -172,7 +172,18 @@ def cluster_app(
         metrics=metrics,
         held=lambda namespace, classes: hours.held(namespace, classes, holder.current),
     )
-    publisher = QuotaPublisher(ledger.line, usage, holder, api, ready=pods.ready)
+    publisher = QuotaPublisher(
+        ledger.line,
+        usage,
+        holder,
+        api,
+        ready=pods.ready,
+        # The record only, as of its last checkpoint, not the seconds running since: the
+        # published status changes once per checkpoint, not at every pass.
+        budget_used=lambda namespace: hours.recorded_use(
+            namespace, holder.current.quotas.budgets_for(namespace)
+        ),
+    )
     usage.on_change(releaser.wake)
     usage.on_change(publisher.wake)
     holder.on_change(releaser.wake_all)
