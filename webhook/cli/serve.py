@@ -83,11 +83,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     serve.add_argument(
         "--gpu-hours-bucket-seconds",
         type=int,
-        choices=[60, 300, 600, 900, 1800, 3600],
+        choices=[10, 30, 60, 300, 600, 900, 1800, 3600],
         default=3600,
         metavar="{60,300,600,900,1800,3600}",
         help="the grain of the GPU-hour records: a budget's window counts whole buckets, so "
-        "it may count up to this much of usage just before it (default 3600)",
+        "it may count up to this much of usage just before it (default 3600; 10 and 30 are "
+        "for tests with windows of seconds: a day of them would not fit a record)",
     )
     serve.add_argument(
         "--shutdown-delay-seconds",

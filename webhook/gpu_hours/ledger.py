@@ -110,7 +110,12 @@ class HoursLedger:
                 self._log_unreadable(stored)
         self._records = records
         self.read_once = True
-        self.runs.prune(now=self.clock())
+        self.runs.prune(now=self.clock(), counted_to=self._counted_to)
+
+    def _counted_to(self, namespace: str) -> int:
+        """Return the moment a namespace's record counts its runs up to (0: none)."""
+        stored = self._records.get(namespace)
+        return stored.hours.checkpoint if stored and isinstance(stored.hours, Hours) else 0
 
     def spending(self, namespace: str, now: int) -> Spending | RecordError:
         """Return what a namespace used by now (its record, and its runs since the record's

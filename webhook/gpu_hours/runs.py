@@ -4,15 +4,16 @@ counted from.
 The pod watch (`webhook.quota.podwatch`) hands every pod it lists or sees change to a
 `RunIndex`. A pod is a run once a container of it has started (Pending and gated time is
 free); it ends when its last container finishes, or, if it is deleted first, when the watch
-shows the deletion. A run that ended is kept for `keep_ended` seconds after its end, so that
-the leader's next checkpoint counts its last part even if the pod is gone by then.
+shows the deletion. A run that ended is kept until a checkpoint has counted it, and a day at
+most (`keep_ended`), so that the next checkpoint counts its last part even if the pod is
+gone by then, however long the records could not be written.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -22,8 +23,8 @@ from policies.gpu_hours import Run, run_times
 
 log = logging.getLogger("gpuadm.gpu_hours")
 
-# Well over a checkpoint interval: an ended run stays until a checkpoint has counted it.
-KEEP_ENDED_SECONDS = 600.0
+# An ended run stays until a checkpoint has counted it, or this long if none could.
+KEEP_ENDED_SECONDS = 24 * 3600.0
 
 
 class RunIndex:
@@ -97,10 +98,14 @@ class RunIndex:
             self._put(uid, run)
         self.prune(now=now)
 
-    def prune(self, *, now: float) -> None:
-        """Drop runs that ended more than `keep_ended` seconds ago."""
+    def prune(self, *, now: float, counted_to: Callable[[str], int] = lambda _: 0) -> None:
+        """Drop runs that ended before their namespace's record was counted to
+        (`counted_to`), or, counted or not, more than `keep_ended` seconds ago."""
         for uid, run in list(self._runs.items()):
-            if run.ended is not None and run.ended < now - self.keep_ended:
+            ended = run.ended
+            if ended is not None and (
+                ended <= counted_to(run.namespace) or ended < now - self.keep_ended
+            ):
                 self._put(uid, None)
 
     def _put(self, uid: str, run: Run | None) -> None:

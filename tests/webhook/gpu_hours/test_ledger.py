@@ -338,3 +338,15 @@ async def test_within_one_second_a_change_of_runs_is_judged_at_once() -> None:
     second = hours.judge("team-a", "h100", config())
     assert second is not None
     assert not second.allowed
+
+
+async def test_an_ended_run_is_kept_until_a_checkpoint_has_counted_it() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(keep_ended=10_000), Clock(1000)
+    runs.replace([("u1", running("team-a", 900, ended=990))])
+    hours = ledger(api, runs, clock)
+    await hours.read()  # no record yet: nothing counted it
+    assert len(runs) == 1
+    await hours.checkpoint(config().quotas)
+    await hours.read()
+    assert len(runs) == 0
+    assert api.hours("team-a").total("h100") == 90
