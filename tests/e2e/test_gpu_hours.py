@@ -1,0 +1,302 @@
+"""GPU-hour budgets on a real node: pods that really run, counted by gpuadm as installed.
+
+gpuadm's image runs on a real node, installed by its chart, with checkpoints every
+`CHECKPOINT` seconds in buckets of `BUCKET` seconds so that a window of seconds can be
+spent and freed within a test. The node advertises H100s (its status patched, as a device
+plugin would), and the tenant pods run the node's pause image until their
+`activeDeadlineSeconds` ends them: their own container times are the truth that gpuadm's
+record, `gpuadm usage` and the metric are held to. The leader is killed while a pod runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from fractions import Fraction
+from typing import Any
+
+import kubernetes.client
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.conftest import _sigterm_as_interrupt
+from tests.e2e.installed import (
+    GPU_CLASS,
+    NAMESPACE,
+    Image,
+    Installation,
+    build_image,
+    helm_binary,
+    wait_for,
+)
+from tests.e2e.kubelet import PAUSE_IMAGE, REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
+from tests.support import ROOT
+
+CHECKPOINT = 2
+BUCKET = 10
+# 12 GPU-seconds in any 30 seconds: one H100 spends it in 12 s.
+BUDGET = "12s/30s"
+WINDOW = 30
+RUN_SECONDS = 16
+PRODUCT = "NVIDIA-H100-80GB-HBM3"
+ENFORCED = "hours"
+QUEUED = "hours-line"
+QUOTAS = {
+    "mode": "enforce",
+    "namespaces": {
+        ENFORCED: {"budget": {"h100": BUDGET}},
+        QUEUED: {"mode": "queue", "budget": {"h100": BUDGET}},
+    },
+}
+GATE = "gpuadm.io/quota"
+FREES_AT = re.compile(r"enough frees at (\S+Z)")
+
+
+@pytest.fixture(scope="module")
+def image() -> Image:
+    return build_image()
+
+
+@pytest.fixture(scope="module")
+def installation(image: Image) -> Iterator[Installation]:
+    problem = node_prerequisites()
+    if problem:
+        pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
+    with _sigterm_as_interrupt(), ControlPlane.for_real_node() as plane:
+        plane.start_scheduler(["default-scheduler"])
+        plane.start_controller_manager(REAL_NODE_CONTROLLERS)
+        with KubeletNode(plane) as node:
+            node.load_image(image.archive)
+            installed = Installation(plane, node, helm_binary(), image)
+            _advertise_h100s(installed)
+            for namespace in (ENFORCED, QUEUED):
+                installed.make_namespace(namespace)
+            values = installed.values(image, QUOTAS)
+            values["extraArgs"] = [
+                *values["extraArgs"],
+                f"--gpu-hours-checkpoint-seconds={CHECKPOINT}",
+                f"--gpu-hours-bucket-seconds={BUCKET}",
+            ]
+            installed.install(values)
+            yield installed
+
+
+def _advertise_h100s(installed: Installation) -> None:
+    """Make the real node an H100 node, as GPU Feature Discovery and the device plugin would."""
+    name = installed.node.name
+    installed.core.patch_node(name, {"metadata": {"labels": {"nvidia.com/gpu.product": PRODUCT}}})
+    installed.core.patch_node_status(name, {"status": {"capacity": {"nvidia.com/gpu": "4"}}})
+
+    def advertised() -> bool:
+        node = installed.core.read_node(name)
+        return (node.status.allocatable or {}).get("nvidia.com/gpu") == "4"
+
+    wait_for(advertised, "the node's four H100s in its allocatable")
+
+
+def _running_pod(seconds: int | None = RUN_SECONDS) -> dict[str, Any]:
+    """A pod of one H100 that runs the pause image for `seconds` (None: until deleted)."""
+    spec: dict[str, Any] = {
+        "containers": [
+            {
+                "name": "main",
+                "image": PAUSE_IMAGE,
+                "imagePullPolicy": "Never",
+                "resources": {"limits": {GPU_CLASS: "1"}},
+            }
+        ],
+        "terminationGracePeriodSeconds": 1,
+    }
+    if seconds is not None:
+        spec["activeDeadlineSeconds"] = seconds
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"generateName": "train-"}, "spec": spec}
+
+
+def _create(installation: Installation, namespace: str, seconds: int | None) -> str:
+    pod = installation.core.create_namespaced_pod(namespace, _running_pod(seconds))
+    name: str = pod.metadata.name
+    return name
+
+
+def _refusal(installation: Installation, namespace: str) -> str:
+    with pytest.raises(ApiException) as refused:
+        _create(installation, namespace, None)
+    message: str = json.loads(refused.value.body)["message"]
+    return message
+
+
+def _try_create(installation: Installation, namespace: str) -> str | None:
+    """Create a pod that runs until deleted; return None, or the refusal's message."""
+    try:
+        _create(installation, namespace, None)
+    except ApiException as error:
+        message: str = json.loads(error.body)["message"]
+        return message
+    return None
+
+
+def _phase(installation: Installation, namespace: str, name: str) -> str:
+    phase: str = installation.core.read_namespaced_pod(name, namespace).status.phase
+    return phase
+
+
+def _ran_seconds(installation: Installation, namespace: str, name: str) -> int:
+    """How long the pod's container ran, by its own status."""
+    status = installation.core.read_namespaced_pod(name, namespace).status
+    terminated = status.container_statuses[0].state.terminated
+    return int((terminated.finished_at - terminated.started_at).total_seconds())
+
+
+def _usage(installation: Installation, namespace: str) -> dict[str, Any]:
+    """`gpuadm usage -n NAMESPACE -o json`, as an admin runs it."""
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "gpuadm"),
+            "usage",
+            "-n",
+            namespace,
+            "-o",
+            "json",
+            "--kubeconfig",
+            str(installation.plane.kubeconfig_path),
+            "--gpuadm-namespace",
+            NAMESPACE,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    items: list[dict[str, Any]] = json.loads(result.stdout)["items"]
+    return next(item for item in items if item["class"] == "h100")
+
+
+def _metric_seconds(installation: Installation, namespace: str) -> float:
+    """`gpuadm_gpu_seconds_total` of the namespace's h100, scraped from a ready replica."""
+    pod_ip = installation.ready_pods()[0].status.pod_ip
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = b"GET /metrics HTTP/1.1\r\nHost: gpuadm\r\nConnection: close\r\n\r\n"
+    with (
+        socket.create_connection((pod_ip, 8443), timeout=5) as raw,
+        context.wrap_socket(raw) as tls,
+    ):
+        tls.sendall(request)
+        body = b""
+        while chunk := tls.recv(65536):
+            body += chunk
+    for line in body.decode(errors="replace").splitlines():
+        name, _, rest = line.partition("{")
+        labels, _, value = rest.partition("} ")
+        if name == "gpuadm_gpu_seconds_total" and set(labels.split(",")) == {
+            'gpu_class="h100"',
+            f'namespace="{namespace}"',
+        }:
+            return float(value)
+    raise AssertionError(f"no gpuadm_gpu_seconds_total series for namespace {namespace}")
+
+
+def test_a_spent_budget_refuses_new_pods_and_the_count_survives_the_leaders_death(
+    installation: Installation,
+) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    first = _create(installation, ENFORCED, RUN_SECONDS)
+    wait_for(lambda: _phase(installation, ENFORCED, first) == "Running", "the first pod running")
+
+    # Mid-run, the replica that checkpoints dies outright.
+    time.sleep(RUN_SECONDS / 3)
+    installation.kill(installation.leader())
+
+    wait_for(lambda: _phase(installation, ENFORCED, first) == "Failed", "the pod's deadline", 60)
+    ran = _ran_seconds(installation, ENFORCED, first)
+    assert ran >= 12, f"the pod ran {ran} s, too short to spend the budget"
+
+    # Once a checkpoint has counted the whole run, the record, `gpuadm usage` and every
+    # replica's metric agree with the pod's own times: the leader's death lost nothing.
+    # Whole-second timestamps at each end, and a checkpoint that may count a run as running
+    # until the kubelet's status says it ended (docs/quota.md#what-is-counted).
+    tolerance = CHECKPOINT + 1
+    wait_for(
+        lambda: abs(Fraction(_usage(installation, ENFORCED)["totalGpuSeconds"]) - ran) <= tolerance,
+        "gpuadm usage to count the pod's run",
+        30,
+    )
+    wait_for(
+        lambda: abs(_metric_seconds(installation, ENFORCED) - ran) <= tolerance,
+        "a replica's gpuadm_gpu_seconds_total to count the pod's run",
+        30,
+    )
+
+    message = _refusal(installation, ENFORCED)
+    assert f'namespace "{ENFORCED}": h100 GPU-hour budget spent: used ' in message
+    assert "in the last 30s; enough frees at " in message
+    assert "running pods are not stopped" in message
+    frees = FREES_AT.search(message)
+    assert frees is not None
+    frees_at = datetime.fromisoformat(frees.group(1).replace("Z", "+00:00")).timestamp()
+
+    # The window frees as the run's buckets leave it: admitted then, not before.
+    assert frees_at - time.time() <= WINDOW + BUCKET
+    while (outcome := _try_create(installation, ENFORCED)) is not None:
+        assert "GPU-hour budget spent" in outcome
+        assert time.time() < frees_at + 5, "still refused after the window freed"
+        time.sleep(0.5)
+    admitted_at = time.time()
+    assert admitted_at >= frees_at - 1, "admitted before the window freed"
+
+
+def test_in_a_queue_namespace_the_next_pod_waits_for_the_budget_and_then_runs(
+    installation: Installation,
+) -> None:
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    first = _create(installation, QUEUED, RUN_SECONDS)
+    wait_for(
+        lambda: _phase(installation, QUEUED, first) == "Failed", "the first pod's deadline", 60
+    )
+    wait_for(
+        lambda: Fraction(_usage(installation, QUEUED)["totalGpuSeconds"]) >= 12,
+        "gpuadm usage to count the first pod's run",
+        30,
+    )
+
+    second = _create(installation, QUEUED, None)
+    pod = installation.core.read_namespaced_pod(second, QUEUED)
+    assert [gate.name for gate in pod.spec.scheduling_gates or []] == [GATE]
+    waited = wait_for(
+        lambda: not installation.core.read_namespaced_pod(second, QUEUED).spec.scheduling_gates,
+        "the waiting pod's release once the budget frees",
+        WINDOW + BUCKET + 20,
+    )
+    assert waited > 1, "released at once, while the budget was spent"
+
+    events = installation.core.list_namespaced_event(
+        QUEUED, field_selector=f"involvedObject.name={second}"
+    ).items
+    assert any("GPU-hour budget spent" in (event.message or "") for event in events), [
+        event.message for event in events
+    ]
+    wait_for(lambda: _phase(installation, QUEUED, second) == "Running", "the released pod running")
+
+
+def test_tenants_see_their_budget_on_their_gpuquota(installation: Installation) -> None:
+    custom = kubernetes.client.CustomObjectsApi(installation.api)
+
+    def shown() -> dict[str, Any] | None:
+        try:
+            found: dict[str, Any] = custom.get_namespaced_custom_object(
+                "gpuadm.io", "v1alpha1", ENFORCED, "gpuquotas", "h100"
+            )
+        except ApiException:
+            return None
+        return found
+
+    wait_for(lambda: (shown() or {}).get("status", {}).get("budget") == BUDGET, "the budget")
+    status = (shown() or {})["status"]
+    assert status["budgetUsed"].endswith("s")  # in the unit the budget is written in
