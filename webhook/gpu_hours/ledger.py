@@ -88,7 +88,7 @@ class HoursLedger:
         self.read_once = store is None
         self._logged: dict[str, float] = {}
         # Per namespace, its spending as last worked out, and from what (`spending`).
-        self._spent: dict[str, tuple[tuple[int, int, Stored | None], Spending | RecordError]] = {}
+        self._spent: dict[str, tuple[tuple[int, Stored | None], Spending | RecordError]] = {}
 
     # --- every replica --------------------------------------------------------------------
 
@@ -121,23 +121,26 @@ class HoursLedger:
         """Return what a namespace used by now (its record, and its runs since the record's
         checkpoint counted as the next checkpoint will), or why its record cannot be read."""
         stored = self._records.get(namespace)
-        # Worked out once a second at most while its runs and record stay as they are: a
-        # burst of creates in a namespace of thousands of GPU pods costs one pass over them.
-        key = (now, self.runs.generation(namespace), stored)
+        # Worked out once a second at most (while the record stays the same): a burst of
+        # creates, the releaser and a scrape share it, and a namespace of 10,000 GPU pods
+        # costs one pass over them a second, not one per admission. A run that starts or
+        # ends within the second is judged from the next one.
         known = self._spent.get(namespace)
-        if known is not None and known[0][0] == now and known[0][1:] == key[1:]:
-            return known[1]
+        if known is not None:
+            (at, known_stored), kept = known
+            if at == now and known_stored is stored:
+                return kept
         hours = Hours() if stored is None else stored.hours
         spending: Spending | RecordError
         if isinstance(hours, RecordError):
             spending = hours
         else:
-            runs = self.runs.runs(namespace)
-            counted = accrue(hours, runs, now=now, width=self.bucket_seconds)
-            spending = Spending(counted, running_shares(runs, now=now))
+            counted = accrue(hours, self.runs.runs(namespace), now=now, width=self.bucket_seconds)
+            rates = running_shares(self.runs.runs(namespace), now=now)
+            spending = Spending(counted, rates)
         if len(self._spent) > MAX_KEPT_SPENDINGS:
             self._spent.clear()
-        self._spent[namespace] = (key, spending)
+        self._spent[namespace] = ((now, stored), spending)
         return spending
 
     def recorded_use(self, namespace: str, budgets: Mapping[str, Budget]) -> dict[str, Fraction]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -35,9 +35,6 @@ class RunIndex:
         self._runs: dict[str, Run] = {}
         self._members: dict[str, set[str]] = {}  # namespace -> uids of its runs
         self._listing: dict[str, Run] | None = None
-        # Per namespace, a number that changes whenever its runs do (`generation`).
-        self._generations: dict[str, int] = {}
-        self._changes = 0
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -46,14 +43,10 @@ class RunIndex:
         """Return the namespaces with runs."""
         return list(self._members)
 
-    def generation(self, namespace: str) -> int:
-        """Return a number that changes whenever the namespace's runs change, so that what
-        is worked out from them can be kept until then."""
-        return self._generations.get(namespace, 0)
-
-    def runs(self, namespace: str) -> list[Run]:
-        """Return a namespace's runs, running or ended lately."""
-        return [self._runs[uid] for uid in self._members.get(namespace, ())]
+    def runs(self, namespace: str) -> Iterator[Run]:
+        """Yield a namespace's runs, running or ended lately."""
+        runs = self._runs
+        return (runs[uid] for uid in self._members.get(namespace, ()))
 
     def observe(
         self,
@@ -122,24 +115,12 @@ class RunIndex:
         if run is not None:
             self._runs[uid] = run
             self._members.setdefault(run.namespace, set()).add(uid)
-        if run != previous:
-            self._changed({r.namespace for r in (previous, run) if r is not None})
-
-    def _changed(self, namespaces: Iterable[str]) -> None:
-        self._changes += 1
-        for namespace in namespaces:
-            if namespace in self._members:
-                self._generations[namespace] = self._changes
-            else:  # no runs left: nothing to tell apart from a namespace never seen
-                self._generations.pop(namespace, None)
 
     def replace(self, runs: Iterable[tuple[str, Run]]) -> None:
         """Put these runs in force at once (tests and the benchmark)."""
-        before = set(self._members)
         self._runs, self._members = {}, {}
         for uid, run in runs:
             self._put(uid, run)
-        self._changed(before | set(self._members))
 
 
 def _ended(run: Run, now: int) -> Run:
