@@ -109,6 +109,7 @@ class Releaser:
     async def run(self) -> None:
         """Take turns over the lines until cancelled."""
         self._everything = True  # a start, or a restart after a failure: look at every line
+        last_pass = self.clock()
         while True:
             if not self._due:  # with turns still due, no waiting: only a yield, below
                 try:
@@ -117,8 +118,15 @@ class Releaser:
                     async with asyncio.timeout(self.period):
                         await self._wake.wait()
                 except TimeoutError:
-                    self._everything = True  # the periodic pass over every line
+                    pass
             self._wake.clear()
+            # The periodic pass over every line, however often other namespaces wake it: a
+            # line waiting only on time (a reservation that expires, a GPU-hour budget
+            # that frees) has no event to wake it.
+            if self.clock() - last_pass >= self.period:
+                self._everything = True
+            if self._everything:
+                last_pass = self.clock()
             if not (self.leading() and self.ready() and self.config.loaded):
                 self._due.clear()
                 self._everything = True  # whatever changed meanwhile is seen on the next pass

@@ -284,3 +284,35 @@ async def test_a_failing_pass_reaches_the_supervisor_and_a_restart_looks_at_ever
     with pytest.raises(RuntimeError):
         await asyncio.wait_for(leader.run(), timeout=10)
     assert passes == [True, True]
+
+
+async def test_every_line_gets_its_periodic_pass_however_often_others_wake_the_releaser() -> None:
+    # A line that waits on time alone (a GPU-hour budget that frees, a reservation that
+    # expires) has no event to wake it: the pass over every line must come every period even
+    # while another namespace's pods change all the time.
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    leader = releaser(ledger, usage, Cluster())
+    leader.period = 0.2
+    everything: list[bool] = []
+
+    async def recording_pass() -> None:
+        everything.append(leader._everything)
+        leader._everything = False
+        leader._due.clear()
+
+    leader.pass_once = recording_pass  # type: ignore[method-assign]
+
+    async def busy() -> None:
+        while True:
+            leader.wake("busy")
+            await asyncio.sleep(0.02)
+
+    waking = asyncio.create_task(busy())
+    running = asyncio.create_task(leader.run())
+    await asyncio.sleep(1.1)
+    running.cancel()
+    waking.cancel()
+    await asyncio.gather(running, waking, return_exceptions=True)
+    # The first pass at start, then one every 0.2 s among the busy namespace's turns.
+    assert everything.count(True) >= 4, everything.count(True)
