@@ -33,9 +33,14 @@ from policies.quotas import ALL_CLASSES, Mode, budgets_on
 COARSE_WIDTH = DAY
 
 
+# The latest moment a record may name: the year 5138. Later ones (a hand-edited record) are
+# refused when it is read, and could not be said as a date.
+LATEST = 10**11
+
+
 def timestamp(seconds: int) -> str:
     """Say a moment as Kubernetes does (RFC 3339, UTC, whole seconds)."""
-    return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.fromtimestamp(min(max(seconds, 0), LATEST), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def parse_timestamp(value: object) -> int | None:
@@ -66,11 +71,6 @@ class Run:
     # The pod's name, for the reports.
     pod: str = ""
 
-    def seconds_between(self, begin: int, end: int) -> int:
-        """Return how many seconds of [begin, end) the pod ran."""
-        stop = end if self.ended is None else min(end, self.ended)
-        return max(0, stop - max(begin, self.started))
-
 
 _CONTAINER_STATUSES = ("initContainerStatuses", "containerStatuses")
 
@@ -80,6 +80,7 @@ def run_times(pod: Mapping[str, Any], *, ended_phase: bool) -> tuple[int | None,
     when its last one finished, read from the pod's status; None where it says nothing.
 
     A pod whose containers never started (Pending, gated, pulling its image) ran for none.
+    A pod that ended always has an end, read from its status alone (see below).
     """
     status = pod.get("status")
     if not isinstance(status, Mapping):
@@ -97,8 +98,21 @@ def run_times(pod: Mapping[str, Any], *, ended_phase: bool) -> tuple[int | None,
                 if (finish := parse_timestamp(state.get("finishedAt"))) is not None:
                     finishes.append(finish)
     started = min(starts) if starts else None
-    ended = max(finishes) if ended_phase and finishes else None
-    return started, ended
+    if not ended_phase or started is None:
+        return started, None
+    if not finishes:
+        # A pod that ended without its containers saying when (its node lost): the last
+        # change of its conditions, else its start. Never the moment it is seen, which
+        # would move its end at every look and count it again after each checkpoint.
+        conditions = status.get("conditions")
+        changes = [
+            moment
+            for condition in (conditions if isinstance(conditions, list) else ())
+            if isinstance(condition, Mapping)
+            and (moment := parse_timestamp(condition.get("lastTransitionTime"))) is not None
+        ]
+        finishes = changes or [started]
+    return started, max(started, max(finishes))
 
 
 def _states(entry: object) -> Iterator[Mapping[str, Any]]:
@@ -172,12 +186,14 @@ def _spread(begin: int, end: int, width: int) -> Iterator[tuple[int, int]]:
         at = stop
 
 
-def accrue(hours_: Hours, runs: Iterable[Run], *, now: int, width: int) -> Hours:
+def accrue(hours_: Hours, runs: Iterable[Run], *, now: int, width: int, since: int = 0) -> Hours:
     """Count each run's time between the last checkpoint and `now`; the checkpoint moves to
     `now`. A clock that stepped back (`now` before the checkpoint) counts nothing.
 
     A run is counted from `max(started, checkpoint)`, so a pod that ran while nobody counted
-    (gpuadm down) is counted from its own start once it is seen, and nothing is counted twice.
+    (gpuadm down) is counted from its own start once it is seen, and nothing is counted twice;
+    and not before `since`, which bounds the buckets a pod that started long ago (or says so)
+    can fill.
     """
     if now <= hours_.checkpoint:
         return hours_
@@ -185,7 +201,7 @@ def accrue(hours_: Hours, runs: Iterable[Run], *, now: int, width: int) -> Hours
     # checkpoint spans the same seconds. Shares are summed as integers per denominator, and
     # made fractions once per span, so that 10,000 runs cost 10,000 integer additions.
     spans: dict[tuple[str, int, int], dict[int, int]] = {}
-    checkpoint = hours_.checkpoint
+    checkpoint = max(hours_.checkpoint, since)
     for run in runs:
         begin = run.started if run.started > checkpoint else checkpoint
         end = now if run.ended is None or run.ended > now else run.ended
@@ -340,7 +356,9 @@ def judge_budget(
             message = spent_message(namespace, label, used, budget, spending, key, now)
             if mode == "warn":
                 warning = f"{message} (quota mode is warn: admitted, but enforce would deny)"
-                return QuotaVerdict(True, message, (warning,), would_deny=True, exceeded=(key,))
+                return QuotaVerdict(
+                    True, message, (*warnings, warning), would_deny=True, exceeded=(key,)
+                )
             return QuotaVerdict(False, message, exceeded=(key,))
         if budget.gpu_seconds and used / budget.gpu_seconds > NEARLY_FULL:
             percent = int(used * 100 / budget.gpu_seconds)
@@ -378,6 +396,10 @@ def spent_message(
 # --- The record's text --------------------------------------------------------------------
 
 
+# More than a record of the longest window in the narrowest buckets gpuadm writes holds.
+MAX_BUCKETS = 100_000
+
+
 class RecordError(ValueError):
     """A stored GPU-hours record that cannot be read back."""
 
@@ -402,14 +424,22 @@ def decode_hours(data: object) -> Hours:
         raise RecordError("the record is not an object")
     checkpoint = data.get("checkpoint")
     classes = data.get("classes")
-    if not isinstance(checkpoint, int) or isinstance(checkpoint, bool) or checkpoint < 0:
+    if (
+        not isinstance(checkpoint, int)
+        or isinstance(checkpoint, bool)
+        or not 0 <= checkpoint <= LATEST
+    ):
         raise RecordError(f"checkpoint {checkpoint!r} is not a time in seconds")
     if not isinstance(classes, Mapping):
         raise RecordError("classes is not an object")
     decoded: dict[str, ClassHours] = {}
+    count = 0
     for name, entry in classes.items():
         if not isinstance(entry, Mapping) or not isinstance(entry.get("buckets"), list):
             raise RecordError(f"class {name!r} has no list of buckets")
+        count += len(entry["buckets"])
+        if count > MAX_BUCKETS:
+            raise RecordError(f"it has more than {MAX_BUCKETS} buckets")
         buckets = tuple(_bucket(name, raw) for raw in entry["buckets"])
         decoded[str(name)] = ClassHours(_amount(name, entry.get("total")), buckets)
     return Hours(checkpoint, decoded)
@@ -420,7 +450,8 @@ def _bucket(name: object, raw: object) -> Bucket:
         not isinstance(raw, list)
         or len(raw) != 3
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw[:2])
-        or raw[1] <= 0
+        or not 0 <= raw[0] <= LATEST
+        or not 0 < raw[1] <= COARSE_WIDTH
     ):
         raise RecordError(f"class {name!r}: bucket {raw!r} is not [start, width, seconds]")
     return Bucket(raw[0], raw[1], _amount(name, raw[2]))

@@ -266,6 +266,11 @@ def statuses(*entries: object, init: list[object] | None = None) -> dict[str, An
     return {"metadata": {"name": "p"}, "status": status}
 
 
+def with_conditions(pod: dict[str, Any], *conditions: object) -> dict[str, Any]:
+    pod["status"]["conditions"] = list(conditions)
+    return pod
+
+
 def running(started: int) -> dict[str, Any]:
     return {"name": "c", "state": {"running": {"startedAt": at(started)}}}
 
@@ -339,7 +344,23 @@ def terminated(started: int, finished: int) -> dict[str, Any]:
             (10, 40),
             id="ended-pod-ends-at-the-finish-it-shows",
         ),
-        pytest.param(statuses(running(10)), True, (10, None), id="ended-without-a-finish"),
+        pytest.param(
+            statuses(running(10)),
+            True,
+            (10, 10),
+            id="ended-without-a-finish-or-a-condition-ends-at-its-start",
+        ),
+        pytest.param(
+            with_conditions(
+                statuses(running(10)),
+                {"type": "Ready", "lastTransitionTime": at(70)},
+                {"type": "PodScheduled", "lastTransitionTime": at(5)},
+                {"type": "Broken", "lastTransitionTime": "later"},
+            ),
+            True,
+            (10, 70),
+            id="ended-without-a-finish-ends-at-its-last-condition-change",
+        ),
         pytest.param(
             statuses({"state": {"waiting": {"reason": "ContainerCreating"}}}),
             False,
@@ -379,7 +400,7 @@ def terminated(started: int, finished: int) -> dict[str, Any]:
                 init=[{"state": {"terminated": {"finishedAt": 99}}}],
             ),
             True,
-            (10, None),
+            (10, 10),
             id="garbage-finishes-ignored",
         ),
     ],
@@ -531,17 +552,23 @@ def test_accruing_again_to_the_same_moment_or_before_counts_nothing_more(
     assert accrue(once, runs, now=T0 + now - 1, width=WIDTH) == once
 
 
+def overlap(run: Run, begin: int, end: int) -> int:
+    """How many seconds of [begin, end) the run ran."""
+    stop = end if run.ended is None else min(end, run.ended)
+    return max(0, stop - max(begin, run.started))
+
+
 @pytest.mark.parametrize(("before", "runs", "now", "after"), ACCRUALS)
 def test_what_accrue_adds_is_each_runs_seconds_since_the_checkpoint(
     before: Hours, runs: list[Run], now: int, after: Hours
 ) -> None:
-    # The total, and the buckets, grow by what `Run.seconds_between` says each run used
-    # since the checkpoint, at its share.
+    # The total, and the buckets, grow by the seconds each run used since the checkpoint,
+    # at its share.
     grown = accrue(before, runs, now=T0 + now, width=WIDTH)
     for class_name in {*grown.classes, *(r.class_name for r in runs)}:
         used = sum(
             (
-                r.share * r.seconds_between(before.checkpoint, T0 + now)
+                r.share * overlap(r, before.checkpoint, T0 + now)
                 for r in runs
                 if r.class_name == class_name
             ),
@@ -1266,3 +1293,29 @@ def test_a_budget_of_zero_says_it_allows_none() -> None:
         'namespace "team-a": a100 GPU-hour budget spent: used 0h of 0h in the last 1d; '
         "a budget of 0 allows none; running pods are not stopped"
     )
+
+
+def test_a_run_that_says_it_started_long_ago_fills_no_more_than_since_allows() -> None:
+    ancient = Run("team-a", "a100", F(1), 0)
+    counted = accrue(Hours(), [ancient], now=100 * DAY, width=HOUR, since=99 * DAY)
+    assert counted.total("a100") == DAY
+    assert len(counted.classes["a100"].buckets) == 24
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        pytest.param({"checkpoint": 10**12, "classes": {}}, id="checkpoint-past-the-year-5138"),
+        pytest.param(
+            {"checkpoint": 0, "classes": {"a100": {"total": "1", "buckets": [[10**12, 60, "1"]]}}},
+            id="bucket-past-the-year-5138",
+        ),
+        pytest.param(
+            {"checkpoint": 0, "classes": {"a100": {"total": "1", "buckets": [[0, 10**9, "1"]]}}},
+            id="bucket-wider-than-a-day",
+        ),
+    ],
+)
+def test_a_record_naming_moments_no_date_can_say_is_refused(bad: dict[str, Any]) -> None:
+    with pytest.raises(RecordError):
+        decode_hours(bad)

@@ -36,13 +36,15 @@ from policies.gpu_hours import (
     compact,
     judge_budget,
     running_shares,
+    timestamp,
 )
 from policies.judge import QuotaVerdict
-from policies.quotas import QuotaConfig, budgets_on
+from policies.quotas import ALL_CLASSES, QuotaConfig, budgets_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.gpu_hours.runs import RunIndex
 from webhook.gpu_hours.store import HoursStore, Moved, Stored
 from webhook.kube.errors import KubeError
+from webhook.kube.objects import hours_record_name
 from webhook.observe.readings import HoursReading
 
 log = logging.getLogger("gpuadm.gpu_hours")
@@ -53,6 +55,12 @@ BUCKET_SECONDS = 3600
 KEEP_SECONDS = 35 * DAY
 # A record that cannot be read is logged again this often.
 RELOG_SECONDS = 600.0
+# Records are kept hour by hour for at least this long (and the longest budget window):
+# so a budget shortened for a while, then lengthened again, finds its hours still there.
+FINE_SECONDS = 8 * DAY
+# A checkpoint further ahead of this replica's clock than this is not believed: every run
+# would go uncounted until the clock caught up.
+MAX_SKEW_SECONDS = 300
 
 # Namespaces whose spending is kept between judgements, at most (a few KiB each).
 MAX_KEPT_SPENDINGS = 10_000
@@ -104,10 +112,12 @@ class HoursLedger:
         """Read every record again, and drop runs that every checkpoint has counted."""
         if self.store is None:
             return
-        records = await self.store.read_all()
-        for stored in records.values():
-            if isinstance(stored.hours, RecordError):
-                self._log_unreadable(stored)
+        records = await self.store.read_all(self._records)
+        now = int(self.clock())
+        for namespace, stored in records.items():
+            believed = _believed(stored, now)
+            if isinstance(believed, RecordError):
+                self._log_unreadable(namespace, believed)
         self._records = records
         self.read_once = True
         self.runs.prune(now=self.clock(), counted_to=self._counted_to)
@@ -130,12 +140,18 @@ class HoursLedger:
             (at, known_stored), kept = known
             if at == now and known_stored is stored:
                 return kept
-        hours = Hours() if stored is None else stored.hours
+        hours = _believed(stored, now)
         spending: Spending | RecordError
         if isinstance(hours, RecordError):
             spending = hours
         else:
-            counted = accrue(hours, self.runs.runs(namespace), now=now, width=self.bucket_seconds)
+            counted = accrue(
+                hours,
+                self.runs.runs(namespace),
+                now=now,
+                width=self.bucket_seconds,
+                since=now - self.keep_seconds,
+            )
             rates = running_shares(self.runs.runs(namespace), now=now)
             spending = Spending(counted, rates)
         if len(self._spent) > MAX_KEPT_SPENDINGS:
@@ -197,7 +213,11 @@ class HoursLedger:
 
     def readings(self, quotas: QuotaConfig) -> list[HoursReading]:
         """Return, per namespace and class that used GPUs, its GPU-seconds, and what it used
-        of its budget's window."""
+        of its budget's window; a budget across classes as the class `*`, without
+        GPU-seconds of its own (they are its classes'). None before the records are read:
+        every run would be counted from its start."""
+        if not self.read_once:
+            return []
         now = int(self.clock())
         readings = []
         for namespace in sorted(set(self._records) | set(self.runs.namespaces())):
@@ -205,19 +225,21 @@ class HoursLedger:
             if isinstance(spending, RecordError):
                 continue
             budgets = quotas.budgets_for(namespace)
-            for class_name in sorted(spending.hours.classes):
-                total = spending.hours.total(class_name)
+            for class_name in sorted(set(spending.hours.classes) | set(budgets)):
                 budget = budgets.get(class_name)
                 used = (
                     None
                     if budget is None
                     else float(spending.used(class_name, now=now, window=budget.window))
                 )
+                total = (
+                    None if class_name == ALL_CLASSES else float(spending.hours.total(class_name))
+                )
                 readings.append(
                     HoursReading(
                         namespace,
                         class_name,
-                        float(total),
+                        total,
                         used,
                         None if budget is None else float(budget.gpu_seconds),
                     )
@@ -241,21 +263,22 @@ class HoursLedger:
         were written. A record that moved since it was read is left for the next one."""
         if self.store is None:
             return 0
-        records = await self.store.read_all()
+        records = await self.store.read_all(self._records)
         now = int(self.clock())
-        # Hour by hour for the longest window (a day at least), so that no window judged
-        # ever counts a day-wide bucket (`compact`).
-        fine_for = max(quotas.longest_window(), DAY) + self.bucket_seconds
+        # Hour by hour for the longest window (8 days at least), so that no window judged
+        # ever counts a day-wide bucket (`compact`); kept a day past that at least.
+        fine_for = max(quotas.longest_window(), FINE_SECONDS) + self.bucket_seconds
+        keep_for = max(self.keep_seconds, fine_for + DAY)
         written = 0
         for namespace in sorted(set(records) | set(self.runs.namespaces())):
             stored = records.get(namespace)
-            old = Hours() if stored is None else stored.hours
+            old = _believed(stored, now)
             if isinstance(old, RecordError):
-                assert stored is not None
-                self._log_unreadable(stored)
+                self._log_unreadable(namespace, old)
                 continue
-            counted = accrue(old, self.runs.runs(namespace), now=now, width=self.bucket_seconds)
-            new = compact(counted, now=now, fine_for=fine_for, keep_for=self.keep_seconds)
+            runs = self.runs.runs(namespace)
+            counted = accrue(old, runs, now=now, width=self.bucket_seconds, since=now - keep_for)
+            new = compact(counted, now=now, fine_for=fine_for, keep_for=keep_for)
             if new.classes == old.classes:
                 continue  # nothing ran: the record, and its checkpoint, stay as they are
             try:
@@ -276,8 +299,23 @@ class HoursLedger:
         self.read_once = True
         return written
 
-    def _log_unreadable(self, stored: Stored) -> None:
+    def _log_unreadable(self, namespace: str, error: RecordError) -> None:
         now = self.clock()
-        if now - self._logged.get(stored.namespace, float("-inf")) >= RELOG_SECONDS:
-            self._logged[stored.namespace] = now
-            log.error("GPU-hour record of namespace %s: %s", stored.namespace, stored.hours)
+        if now - self._logged.get(namespace, float("-inf")) >= RELOG_SECONDS:
+            self._logged[namespace] = now
+            log.error("GPU-hour record of namespace %s: %s", namespace, error)
+
+
+def _believed(stored: Stored | None, now: int) -> Hours | RecordError:
+    """Return a namespace's record as it may be counted on: none is an empty one; one that
+    cannot be read, or whose checkpoint is far ahead of this clock, says why not."""
+    if stored is None:
+        return Hours()
+    hours = stored.hours
+    if isinstance(hours, Hours) and hours.checkpoint > now + MAX_SKEW_SECONDS:
+        return RecordError(
+            f"ConfigMap {hours_record_name(stored.namespace)} is counted to "
+            f"{timestamp(hours.checkpoint)}, ahead of this replica's clock by "
+            f"{hours.checkpoint - now} s; fix the clocks, or the record"
+        )
+    return hours

@@ -63,7 +63,7 @@ class RunIndex:
         uid = metadata.get("uid") if isinstance(metadata, Mapping) else None
         if not isinstance(uid, str) or not uid:
             return
-        run = run_of(pod, policy, quotas, now=int(now), charged=charged)
+        run = run_of(pod, policy, quotas, charged=charged)
         if self._listing is not None:
             if run is not None:
                 self._listing[uid] = run
@@ -134,11 +134,10 @@ def run_of(
     policy: Policy,
     quotas: QuotaConfig,
     *,
-    now: int,
     charged: tuple[str, Fraction] | None = None,
 ) -> Run | None:
     """Return a GPU pod's run as its status shows it, or None if it holds no GPUs or no
-    container of it has started. A pod that ended without saying when ends at `now`."""
+    container of it has started (`policies.gpu_hours.run_times` says when it ended)."""
     status = pod.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
     ended_phase = phase in TERMINAL_PHASES
@@ -157,8 +156,6 @@ def run_of(
     if charged is None:
         return None
     class_name, share = charged
-    if ended_phase and ended is None:
-        ended = max(now, started)
     return Run(
         sys.intern(namespace),
         sys.intern(class_name),

@@ -8,6 +8,7 @@ and counts nothing twice. Every replica, and `gpuadm usage`, lists them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,11 +70,26 @@ class HoursStore:
         self.api = api
         self.namespace = namespace
 
-    async def read_all(self) -> dict[str, Stored]:
-        """Return every namespace's record, by tenant namespace."""
+    async def read_all(self, known: Mapping[str, Stored] | None = None) -> dict[str, Stored]:
+        """Return every namespace's record, by tenant namespace. A record in `known` at the
+        version listed is not decoded again: most records change at no checkpoint."""
         page = await self.api.list_configmaps(self.namespace, HOURS_RECORD_LABEL)
-        records = (read_record(item) for item in page.items)
-        return {stored.namespace: stored for stored in records if stored.namespace}
+        records = {}
+        for item in page.items:
+            metadata = item.get("metadata") or {}
+            namespace = str((metadata.get("labels") or {}).get(HOURS_RECORD_LABEL) or "")
+            kept = (known or {}).get(namespace)
+            if (
+                kept is not None
+                and kept.version
+                and kept.version == metadata.get("resourceVersion")
+            ):
+                records[namespace] = kept
+                continue
+            stored = read_record(item)
+            if stored.namespace:
+                records[stored.namespace] = stored
+        return records
 
     async def write(self, namespace: str, hours: Hours, version: str | None) -> str:
         """Create or replace a namespace's record at `version`; raise `Moved` if it changed.

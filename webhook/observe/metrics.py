@@ -71,7 +71,8 @@ class _HoursCollector(Collector):
         )
         for reading in self._read():
             key = [reading.namespace, reading.gpu_class]
-            seconds.add_metric(key, reading.gpu_seconds)
+            if reading.gpu_seconds is not None:
+                seconds.add_metric(key, reading.gpu_seconds)
             if reading.budget is not None and reading.budget_used is not None:
                 used.add_metric(key, reading.budget_used)
                 budget.add_metric(key, reading.budget)

@@ -57,7 +57,8 @@ class HoursReading(NamedTuple):
 
     namespace: str
     gpu_class: str
-    gpu_seconds: float
+    # None for `*`, whose GPU-seconds are its classes'.
+    gpu_seconds: float | None
     # Used in the budget's window, and the budget (None: no budget on the class).
     budget_used: float | None = None
     budget: float | None = None

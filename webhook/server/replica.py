@@ -74,6 +74,11 @@ def standalone_app(
     # No pods run without a cluster: budgets are judged, against nothing used.
     hours = HoursLedger(RunIndex(), None)
     log.info("standalone: config from %s, quota usage kept in memory", settings.policy_file)
+    if config.quotas.has_budgets():
+        log.warning(
+            "standalone: GPU-hour budgets are judged, but with no cluster no pod runs, so "
+            "none is ever spent"
+        )
     if config.quotas.mode == "queue" or any(
         entry.mode == "queue" for entry in config.quotas.namespaces.values()
     ):

@@ -355,3 +355,71 @@ async def test_an_ended_run_is_kept_until_a_checkpoint_has_counted_it() -> None:
     await hours.read()
     assert len(runs) == 0
     assert api.hours("team-a").total("h100") == 90
+
+
+LONG = """
+namespaces:
+  team-a: {budget: {h100: 1000h/90d, "*": 2000h/90d}}
+"""
+
+
+async def test_a_window_longer_than_showback_keeps_its_hours() -> None:
+    # One A100 for 80 days, checkpointed daily: the 90-day window holds all of it, though
+    # showback alone keeps 35 days.
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(100 * 86400)
+    runs.replace([("u1", running("team-a", 10 * 86400, ended=90 * 86400))])
+    hours = ledger(api, runs, clock, bucket=3600)
+    quotas = snapshot_from_text(POLICY_YAML, LONG, policy_source="p", quotas_source="q").quotas
+    for day in range(11, 101):
+        clock.now = day * 86400
+        await hours.checkpoint(quotas)
+    counted = api.hours("team-a")
+    assert counted.total("h100") == 80 * 86400
+    assert counted.within("h100", int(clock.now) - 90 * 86400) == 80 * 86400
+
+
+async def test_a_checkpoint_far_ahead_of_the_clock_is_not_believed() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
+    await HoursStore(api, "gpuadm-system").write("team-a", Hours(10**9), None)
+    runs.replace([("u1", running("team-a", 900))])
+    hours = ledger(api, runs, clock)
+    await hours.read()
+    verdict = hours.judge("team-a", "h100", config())
+    assert verdict is not None
+    assert not verdict.allowed
+    assert verdict.message is not None
+    assert "is counted to 2001-09-09T01:46:40Z, ahead of this replica's clock" in verdict.message
+    assert await hours.checkpoint(config().quotas) == 0  # nor written over
+
+
+async def test_metrics_show_a_budget_across_classes_and_nothing_before_the_records() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
+    runs.replace([("u1", running("team-s", 900))])
+    hours = ledger(api, runs, clock)
+    assert hours.readings(config().quotas) == []  # each run would count from its start
+    await hours.read()
+    readings = {r.gpu_class: r for r in hours.readings(config().quotas)}
+    assert readings["h100"].gpu_seconds == 100
+    assert readings["h100"].budget is None
+    assert (readings["*"].gpu_seconds, readings["*"].budget_used, readings["*"].budget) == (
+        None,
+        100,
+        100,
+    )
+
+
+async def test_records_unchanged_since_the_last_read_are_not_decoded_again() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
+    runs.replace([("u1", running("team-a", 900)), ("u2", running("team-b", 900))])
+    hours = ledger(api, runs, clock)
+    await hours.checkpoint(config().quotas)
+    first = await hours.store.read_all()  # type: ignore[union-attr]
+    again = await hours.store.read_all(first)  # type: ignore[union-attr]
+    assert all(again[ns] is first[ns] for ns in first)
+    clock.now = 1010
+    runs.replace([("u1", running("team-a", 900))])
+    await hours.checkpoint(config().quotas)
+    moved = await hours.store.read_all(first)  # type: ignore[union-attr]
+    assert moved["team-b"] is first["team-b"]
+    assert moved["team-a"] is not first["team-a"]
+    assert moved["team-a"].hours != first["team-a"].hours

@@ -117,7 +117,7 @@ class Records:
     def __init__(self, *records: Stored) -> None:
         self.records = {r.namespace: r for r in records}
 
-    async def read_all(self) -> dict[str, Stored]:
+    async def read_all(self, known: Mapping[str, Stored] | None = None) -> dict[str, Stored]:
         return dict(self.records)
 
 
