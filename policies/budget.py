@@ -14,7 +14,8 @@ HOUR = 3600
 DAY = 24 * HOUR
 _AMOUNT_UNITS = {"h": HOUR, "m": 60, "s": 1}
 _WINDOW_UNITS = {"w": 7 * DAY, "d": DAY, "h": HOUR, "m": 60, "s": 1}
-_BUDGET = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([hms])\s*/\s*([0-9]+)\s*([wdhms])\s*$")
+_AMOUNT = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([hms])\s*")
+_DURATION = re.compile(r"([0-9]+)([wdhms])")
 # Longer windows would keep years of buckets in every record.
 MAX_WINDOW = 366 * DAY
 
@@ -45,20 +46,35 @@ def parse_budget(value: object) -> Budget:
     number of weeks, days, hours, minutes or seconds. Raise `ValueError` naming the value.
     """
     text = value if isinstance(value, str) else None
-    match = _BUDGET.match(text) if text is not None and len(text) <= 64 else None
-    if match is None:
+    amount_text, slash, window_text = (text or "").partition("/")
+    amount = _AMOUNT.fullmatch(amount_text) if text is not None and len(text) <= 64 else None
+    try:
+        span = (
+            parse_duration("".join(window_text.split())) if amount is not None and slash else None
+        )
+    except ValueError:
+        span = None
+    if amount is None or span is None or text is None:
         raise ValueError(
             f"{value!r} is not a GPU-hour budget: write GPU-hours over a window, "
             "e.g. 500h/7d (amount in h, m or s; window in w, d, h, m or s)"
         )
-    amount, amount_unit, window, window_unit = match.groups()
-    seconds = Fraction(amount) * _AMOUNT_UNITS[amount_unit]
-    span = int(window) * _WINDOW_UNITS[window_unit]
+    amount_unit = amount.group(2)
+    seconds = Fraction(amount.group(1)) * _AMOUNT_UNITS[amount_unit]
     if span <= 0 or span > MAX_WINDOW:
         raise ValueError(f"{value!r}: the window must be from 1s to {MAX_WINDOW // DAY}d")
     if seconds.denominator != 1:
         raise ValueError(f"{value!r}: the amount must be a whole number of GPU-seconds")
     return Budget(seconds, span, "".join(text.split()) if text is not None else "", amount_unit)
+
+
+def parse_duration(text: str) -> int:
+    """Read a whole number of weeks, days, hours, minutes or seconds (`7d`, `90m`) as
+    seconds; raise `ValueError` if it is not one."""
+    match = _DURATION.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a whole number of w, d, h, m or s")
+    return int(match.group(1)) * _WINDOW_UNITS[match.group(2)]
 
 
 def hours(gpu_seconds: Fraction) -> str:

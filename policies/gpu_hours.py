@@ -266,6 +266,14 @@ def compact(hours_: Hours, *, now: int, fine_for: int, keep_for: int) -> Hours:
     return Hours(hours_.checkpoint, classes)
 
 
+def used_in_windows(
+    hours_: Hours, budgets: Mapping[str, Budget], *, now: int
+) -> dict[str, Fraction]:
+    """Return, for each budget (a class or `*`), the GPU-seconds its window ending now holds
+    in `hours_`."""
+    return {key: hours_.within(key, now - budget.window) for key, budget in budgets.items()}
+
+
 def running_shares(runs: Iterable[Run], *, now: int) -> dict[str, Fraction]:
     """Return, per class, the GPUs of the runs still running at `now`: the GPU-seconds
     their class gains each second."""

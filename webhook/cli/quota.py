@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import time
-from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import yaml
@@ -79,7 +78,7 @@ async def cluster_reports(
 ) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts,
     with each GPU-hour budget's window as the GPU-hour records count it."""
-    from policies.gpu_hours import RecordError
+    from policies.gpu_hours import Hours, RecordError, used_in_windows
     from policies.queue import Waiting
     from webhook.cli.cluster import cluster_config
     from webhook.gpu_hours.store import HoursStore
@@ -133,14 +132,11 @@ async def cluster_reports(
     for namespace in names:
         budgets = config.quotas.budgets_for(namespace)
         stored = hours.get(namespace)
-        counted = None if stored is None else stored.hours
+        counted = Hours() if stored is None else stored.hours
         used = (
             {}
             if isinstance(counted, RecordError)
-            else {
-                key: Fraction(0) if counted is None else counted.within(key, int(now) - b.window)
-                for key, b in budgets.items()
-            }
+            else used_in_windows(counted, budgets, now=int(now))
         )
         reports += namespace_report(
             namespace,

@@ -27,7 +27,6 @@ import argparse
 import csv
 import json
 import os
-import re
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -51,8 +50,6 @@ if TYPE_CHECKING:
 # that the commands that never do (review, check-config) start without them.
 
 DEFAULT_SINCE = "30d"
-_SINCE = re.compile(r"([0-9]+)([dhms])")
-_UNITS = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # The longest period asked for: a budget's longest window (`policies.budget.MAX_WINDOW`).
 MAX_SINCE_DAYS = 366
 
@@ -99,7 +96,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--since",
         default=DEFAULT_SINCE,
         metavar="DURATION",
-        help="the period that ends now, as a whole number of days, hours, minutes or "
+        help="the period that ends now, as a whole number of weeks, days, hours, minutes or "
         f"seconds: 30d, 12h, 90m, 600s (default {DEFAULT_SINCE}). The records keep 35d of "
         "usage, so a longer period counts no more than 35d",
     )
@@ -125,23 +122,20 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def parse_since(text: str) -> int:
-    """Read `--since`: a whole number of days, hours, minutes or seconds, as seconds; raise
-    `CommandError` naming the value otherwise."""
-    match = _SINCE.fullmatch(text)
-    if match is None:
+    """Read `--since`: a whole number of weeks, days, hours, minutes or seconds, as seconds
+    (`policies.budget.parse_duration`); raise `CommandError` naming the value otherwise."""
+    from policies.budget import parse_duration
+
+    try:
+        seconds = parse_duration(text)
+    except ValueError:
         raise CommandError(
             f"--since {text!r} is not a period: give a whole number of days, hours, minutes "
             "or seconds, e.g. 30d, 12h, 90m or 600s"
-        )
-    digits, unit = match.groups()
-    if len(digits) > 12:
-        raise CommandError(
-            f"--since {text!r} is longer than {MAX_SINCE_DAYS}d; the records keep 35d of usage"
-        )
-    seconds = int(digits) * _UNITS[unit]
+        ) from None
     if seconds == 0:
         raise CommandError(f"--since {text!r} is an empty period: give at least 1s")
-    if seconds > MAX_SINCE_DAYS * _UNITS["d"]:
+    if seconds > MAX_SINCE_DAYS * 86400:
         raise CommandError(
             f"--since {text!r} is longer than {MAX_SINCE_DAYS}d; the records keep 35d of usage"
         )

@@ -37,6 +37,7 @@ from policies.gpu_hours import (
     judge_budget,
     running_shares,
     timestamp,
+    used_in_windows,
 )
 from policies.judge import QuotaVerdict
 from policies.quotas import ALL_CLASSES, QuotaConfig, budgets_on
@@ -170,8 +171,7 @@ class HoursLedger:
         hours = Hours() if stored is None else stored.hours
         if isinstance(hours, RecordError):
             return {}
-        now = int(self.clock())
-        return {key: hours.within(key, now - b.window) for key, b in budgets.items()}
+        return used_in_windows(hours, budgets, now=int(self.clock()))
 
     def judge(self, namespace: str, class_name: str, config: ConfigSnapshot) -> QuotaVerdict | None:
         """Judge a new pod of a class against its namespace's GPU-hour budgets (queue mode is

@@ -388,7 +388,7 @@ def test_an_unreadable_record_is_shown_with_its_error_and_exits_1(
             "--since '30' is not a period: give a whole number of days, hours, minutes or "
             "seconds, e.g. 30d, 12h, 90m or 600s",
         ),
-        ("1w", "--since '1w' is not a period"),
+        ("1y", "--since '1y' is not a period"),
         ("1.5h", "--since '1.5h' is not a period"),
         ("-1d", "--since '-1d' is not a period"),
         ("30D", "--since '30D' is not a period"),
