@@ -13,18 +13,26 @@ import re
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import kubernetes.client
+import pytest
 import yaml
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.kubelet import NODE_LABEL, KubeletNode
+from tests.e2e.conftest import _sigterm_as_interrupt
+from tests.e2e.kubelet import (
+    NODE_LABEL,
+    REAL_NODE_CONTROLLERS,
+    KubeletNode,
+    node_prerequisites,
+)
 from tests.support import ROOT
 
 CHART = ROOT / "deploy" / "helm" / "gpuadm"
@@ -372,6 +380,21 @@ class Stream:
                 self._stop.wait(0.05)
         finally:
             client.close()
+
+
+@contextmanager
+def on_a_real_node(image: Image) -> Iterator[Installation]:
+    """A control plane with the controllers a Deployment needs, a real node with `image`
+    loaded, and the `Installation` that will put gpuadm there; all stopped at the end."""
+    problem = node_prerequisites()
+    if problem:
+        pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
+    with _sigterm_as_interrupt(), ControlPlane.for_real_node() as plane:
+        plane.start_scheduler(["default-scheduler"])
+        plane.start_controller_manager(REAL_NODE_CONTROLLERS)
+        with KubeletNode(plane) as node:
+            node.load_image(image.archive)
+            yield Installation(plane, node, helm_binary(), image)
 
 
 def wait_for(check: Callable[[], bool], what: str, seconds: float = 120) -> float:

@@ -25,18 +25,16 @@ import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _sigterm_as_interrupt
 from tests.e2e.installed import (
     GPU_CLASS,
     NAMESPACE,
     Image,
     Installation,
     build_image,
-    helm_binary,
+    on_a_real_node,
     wait_for,
 )
-from tests.e2e.kubelet import PAUSE_IMAGE, REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
+from tests.e2e.kubelet import PAUSE_IMAGE
 from tests.support import ROOT
 
 CHECKPOINT = 2
@@ -66,26 +64,18 @@ def image() -> Image:
 
 @pytest.fixture(scope="module")
 def installation(image: Image) -> Iterator[Installation]:
-    problem = node_prerequisites()
-    if problem:
-        pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
-    with _sigterm_as_interrupt(), ControlPlane.for_real_node() as plane:
-        plane.start_scheduler(["default-scheduler"])
-        plane.start_controller_manager(REAL_NODE_CONTROLLERS)
-        with KubeletNode(plane) as node:
-            node.load_image(image.archive)
-            installed = Installation(plane, node, helm_binary(), image)
-            _advertise_h100s(installed)
-            for namespace in (ENFORCED, QUEUED):
-                installed.make_namespace(namespace)
-            values = installed.values(image, QUOTAS)
-            values["extraArgs"] = [
-                *values["extraArgs"],
-                f"--gpu-hours-checkpoint-seconds={CHECKPOINT}",
-                f"--gpu-hours-bucket-seconds={BUCKET}",
-            ]
-            installed.install(values)
-            yield installed
+    with on_a_real_node(image) as installed:
+        _advertise_h100s(installed)
+        for namespace in (ENFORCED, QUEUED):
+            installed.make_namespace(namespace)
+        values = installed.values(image, QUOTAS)
+        values["extraArgs"] = [
+            *values["extraArgs"],
+            f"--gpu-hours-checkpoint-seconds={CHECKPOINT}",
+            f"--gpu-hours-bucket-seconds={BUCKET}",
+        ]
+        installed.install(values)
+        yield installed
 
 
 def _advertise_h100s(installed: Installation) -> None:

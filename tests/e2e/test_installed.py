@@ -30,8 +30,6 @@ from cryptography.hazmat.primitives import hashes
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from tests.e2e.cluster import ControlPlane
-from tests.e2e.conftest import _sigterm_as_interrupt
 from tests.e2e.installed import (
     LEASE_SECONDS,
     NAMESPACE,
@@ -40,10 +38,10 @@ from tests.e2e.installed import (
     Installation,
     Stream,
     build_image,
-    helm_binary,
+    on_a_real_node,
     wait_for,
 )
-from tests.e2e.kubelet import NODE_LABEL, REAL_NODE_CONTROLLERS, KubeletNode, node_prerequisites
+from tests.e2e.kubelet import NODE_LABEL
 from tests.support import ROOT
 
 BURST = 200
@@ -65,19 +63,11 @@ def image() -> Image:
 
 @pytest.fixture(scope="module")
 def installation(image: Image) -> Iterator[Installation]:
-    problem = node_prerequisites()
-    if problem:
-        pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
-    with _sigterm_as_interrupt(), ControlPlane.for_real_node() as plane:
-        plane.start_scheduler(["default-scheduler"])
-        plane.start_controller_manager(REAL_NODE_CONTROLLERS)
-        with KubeletNode(plane) as node:
-            node.load_image(image.archive)
-            installed = Installation(plane, node, helm_binary(), image)
-            for namespace in TENANTS:
-                installed.make_namespace(namespace)
-            installed.install(installed.values(image, QUOTAS))
-            yield installed
+    with on_a_real_node(image) as installed:
+        for namespace in TENANTS:
+            installed.make_namespace(namespace)
+        installed.install(installed.values(image, QUOTAS))
+        yield installed
 
 
 def _stored_limits(pod: dict[str, object]) -> dict[str, str]:
