@@ -124,9 +124,10 @@ class HoursLedger:
         self.runs.prune(now=self.clock(), counted_to=self._counted_to)
 
     def _counted_to(self, namespace: str) -> int:
-        """Return the moment a namespace's record counts its runs up to (0: none)."""
-        stored = self._records.get(namespace)
-        return stored.hours.checkpoint if stored and isinstance(stored.hours, Hours) else 0
+        """Return the moment a namespace's record counts its runs up to (0: none, or a
+        record not believed, whose runs must stay until one is)."""
+        counted = _believed(self._records.get(namespace), int(self.clock()))
+        return counted.checkpoint if isinstance(counted, Hours) else 0
 
     def spending(self, namespace: str, now: int) -> Spending | RecordError:
         """Return what a namespace used by now (its record, and its runs since the record's

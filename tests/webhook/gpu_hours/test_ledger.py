@@ -423,3 +423,12 @@ async def test_records_unchanged_since_the_last_read_are_not_decoded_again() -> 
     assert moved["team-b"] is first["team-b"]
     assert moved["team-a"] is not first["team-a"]
     assert moved["team-a"].hours != first["team-a"].hours
+
+
+async def test_ended_runs_stay_while_the_record_is_counted_to_a_moment_not_believed() -> None:
+    api, runs, clock = ConfigMaps(), RunIndex(keep_ended=10_000), Clock(1000)
+    await HoursStore(api, "gpuadm-system").write("team-a", Hours(10**9), None)
+    runs.replace([("u1", running("team-a", 900, ended=990))])
+    hours = ledger(api, runs, clock)
+    await hours.read()
+    assert len(runs) == 1  # not counted by a checkpoint that is not believed
