@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from webhook.cli import flags
+from webhook.cli.columns import column_widths, line
 from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -174,8 +175,5 @@ def table(reports: list[ClassReport], *, headers: bool = True) -> str:
         return "No GPU quotas, and no namespace holds or waits for GPUs." if headers else ""
     if not headers:
         rows = rows[1:]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header) - 1)]
-    return "\n".join(
-        "   ".join([*(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)), row[-1]])
-        for row in rows
-    )
+    widths = column_widths(rows, len(header))
+    return "\n".join(line(row, widths) for row in rows)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from webhook.cli import flags
+from webhook.cli.columns import column_widths, line
 from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
@@ -314,17 +315,12 @@ def table(rows: list[UsageRow], *, headers: bool = True) -> str:
             )
         )
     cells = [c for c in shown if isinstance(c, tuple)] + ([HEADER] if headers else [])
-    widths = [max((len(c[i]) for c in cells), default=0) for i in range(len(HEADER) - 1)]
+    widths = column_widths(cells, len(HEADER))
     widths[0] = max([widths[0], *(len(row.namespace) for row in rows)])
-    lines = [_line(HEADER, widths)] if headers else []
-    for row, line in zip(rows, shown, strict=True):
-        if isinstance(line, str):
-            lines.append(f"{row.namespace.ljust(widths[0])}   {line}")
+    lines = [line(HEADER, widths)] if headers else []
+    for row, cells_or_error in zip(rows, shown, strict=True):
+        if isinstance(cells_or_error, str):
+            lines.append(line((row.namespace, cells_or_error), widths[:1]))
         else:
-            lines.append(_line(line, widths))
+            lines.append(line(cells_or_error, widths))
     return "\n".join(lines)
-
-
-def _line(cells: tuple[str, ...], widths: list[int]) -> str:
-    padded = (c.ljust(w) for c, w in zip(cells[:-1], widths, strict=True))
-    return "   ".join([*padded, cells[-1]])

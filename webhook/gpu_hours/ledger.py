@@ -97,7 +97,7 @@ class HoursLedger:
         self.read_once = store is None
         self._logged: dict[str, float] = {}
         # Per namespace, its spending as last worked out, and from what (`spending`).
-        self._spent: dict[str, tuple[tuple[int, Stored | None], Spending | RecordError]] = {}
+        self._spent: dict[str, tuple[tuple[int, Stored | None, int], Spending | RecordError]] = {}
 
     # --- every replica --------------------------------------------------------------------
 
@@ -129,7 +129,7 @@ class HoursLedger:
         counted = _believed(self._records.get(namespace), int(self.clock()))
         return counted.checkpoint if isinstance(counted, Hours) else 0
 
-    def spending(self, namespace: str, now: int) -> Spending | RecordError:
+    def spending(self, namespace: str, now: int, quotas: QuotaConfig) -> Spending | RecordError:
         """Return what a namespace used by now (its record, and its runs since the record's
         checkpoint counted as the next checkpoint will), or why its record cannot be read."""
         stored = self._records.get(namespace)
@@ -137,10 +137,11 @@ class HoursLedger:
         # creates, the releaser and a scrape share it, and a namespace of 10,000 GPU pods
         # costs one pass over them a second, not one per admission. A run that starts or
         # ends within the second is judged from the next one.
+        _, keep_for = self._horizons(quotas)
         known = self._spent.get(namespace)
         if known is not None:
-            (at, known_stored), kept = known
-            if at == now and known_stored is stored:
+            (at, known_stored, known_keep_for), kept = known
+            if at == now and known_stored is stored and known_keep_for == keep_for:
                 return kept
         hours = _believed(stored, now)
         spending: Spending | RecordError
@@ -152,13 +153,13 @@ class HoursLedger:
                 self.runs.runs(namespace),
                 now=now,
                 width=self.bucket_seconds,
-                since=now - self.keep_seconds,
+                since=now - keep_for,
             )
             rates = running_shares(self.runs.runs(namespace), now=now)
             spending = Spending(counted, rates)
         if len(self._spent) > MAX_KEPT_SPENDINGS:
             self._spent.clear()
-        self._spent[namespace] = ((now, stored), spending)
+        self._spent[namespace] = ((now, stored, keep_for), spending)
         return spending
 
     def recorded_use(self, namespace: str, budgets: Mapping[str, Budget]) -> dict[str, Fraction]:
@@ -183,7 +184,7 @@ class HoursLedger:
         if not (self.read_once and self.pods_ready()):
             return QuotaVerdict(False, NOT_READ)
         now = int(self.clock())
-        spending = self.spending(namespace, now)
+        spending = self.spending(namespace, now, config.quotas)
         if isinstance(spending, RecordError):
             return QuotaVerdict(
                 False,
@@ -222,7 +223,7 @@ class HoursLedger:
         now = int(self.clock())
         readings = []
         for namespace in sorted(set(self._records) | set(self.runs.namespaces())):
-            spending = self.spending(namespace, now)
+            spending = self.spending(namespace, now, quotas)
             if isinstance(spending, RecordError):
                 continue
             budgets = quotas.budgets_for(namespace)
@@ -266,10 +267,7 @@ class HoursLedger:
             return 0
         records = await self.store.read_all(self._records)
         now = int(self.clock())
-        # Hour by hour for the longest window (8 days at least), so that no window judged
-        # ever counts a day-wide bucket (`compact`); kept a day past that at least.
-        fine_for = max(quotas.longest_window(), FINE_SECONDS) + self.bucket_seconds
-        keep_for = max(self.keep_seconds, fine_for + DAY)
+        fine_for, keep_for = self._horizons(quotas)
         written = 0
         for namespace in sorted(set(records) | set(self.runs.namespaces())):
             stored = records.get(namespace)
@@ -299,6 +297,14 @@ class HoursLedger:
         self._records = records
         self.read_once = True
         return written
+
+    def _horizons(self, quotas: QuotaConfig) -> tuple[int, int]:
+        """Return how long buckets stay hour-wide, and how long they are kept: hour by hour
+        for the longest window (8 days at least), so that no window judged ever counts a
+        day-wide bucket (`compact`); kept a day past that at least, and no run is counted
+        further back (`accrue`'s `since`), by a judgement or a checkpoint alike."""
+        fine_for = max(quotas.longest_window(), FINE_SECONDS) + self.bucket_seconds
+        return fine_for, max(self.keep_seconds, fine_for + DAY)
 
     def _log_unreadable(self, namespace: str, error: RecordError) -> None:
         now = self.clock()

@@ -54,7 +54,6 @@ class RunIndex:
         policy: Policy,
         quotas: QuotaConfig,
         *,
-        now: float,
         charged: tuple[str, Fraction] | None = None,
     ) -> None:
         """Record a pod as it now is. `charged` is its (class, charge) when the caller

@@ -31,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 
 from policies.queue import Waiting, remove_gate
 from webhook.config.snapshot import ConfigHolder
@@ -70,7 +70,7 @@ class Releaser:
         period: float = PERIOD_SECONDS,
         per_turn: int = PER_TURN,
         clock: Callable[[], float] = time.monotonic,
-        held: Callable[[str, Iterable[str]], Mapping[str, str]] = lambda _ns, _classes: {},
+        held: Callable[[str], Mapping[str, str]] = lambda _namespace: {},
     ) -> None:
         self.line = line
         self.usage = usage
@@ -164,7 +164,7 @@ class Releaser:
                 snapshot.quotas,
                 skip=frozenset(self._released),
                 most=self.per_turn,
-                held=self.held(namespace, self.usage.line(namespace).by_class()),
+                held=self.held(namespace),
             )
         except KubeError as error:
             log.warning("cannot charge the waiting pods of namespace %s: %s", namespace, error)

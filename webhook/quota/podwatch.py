@@ -43,7 +43,6 @@ class PodFollower(Protocol):
         policy: Policy,
         quotas: QuotaConfig,
         *,
-        now: float,
         charged: tuple[str, Fraction] | None = None,
     ) -> None:
         """A pod as it now is; `charged` is what the usage index charges it, if anything."""
@@ -148,7 +147,6 @@ class PodWatcher:
             follower.begin_list()
         async for page in self.api.list_pods():
             version = version or page.resource_version
-            now = self.clock()
             for pod in page.items:
                 state = pod_state(pod, policy, quotas)
                 if isinstance(state, Holding):
@@ -160,7 +158,7 @@ class PodWatcher:
                         (state.class_name, state.charge) if isinstance(state, Holding) else None
                     )
                     for follower in self.followers:
-                        follower.observe(pod, policy, quotas, now=now, charged=charged)
+                        follower.observe(pod, policy, quotas, charged=charged)
         for follower in self.followers:
             follower.end_list(now=self.clock())
         return holdings, waiting, version
@@ -198,7 +196,7 @@ class PodWatcher:
             snapshot = self.config.current
             self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=now, version=number)
             for follower in self.followers:
-                follower.observe(obj, snapshot.policy, snapshot.quotas, now=now)
+                follower.observe(obj, snapshot.policy, snapshot.quotas)
         if number is not None:  # a bookmark too: every event up to it was sent
             self.usage.advance(number)
         self.metrics.tracked_pods.set(len(self.usage))

@@ -156,13 +156,18 @@ def cluster_app(
         duration=settings.lease_seconds,
         metrics=metrics,
     )
+
+    def held(namespace: str) -> dict[str, str]:
+        """The classes of a namespace's line that wait for their GPU-hour budget, with why."""
+        return hours.held(namespace, usage.line(namespace).by_class(), holder.current)
+
     events = EventWriter(
         PodEvents(api, settings.identity or "gpuadm"),
         usage,
         lambda namespace: ledger.line.placer(
             namespace,
             holder.current.quotas.limits_for(namespace),
-            hours.held(namespace, usage.line(namespace).by_class(), holder.current),
+            held(namespace),
         ),
         ready=lambda: pods.ready() and holder.loaded,
     )
@@ -175,7 +180,7 @@ def cluster_app(
         leading=elector.leading,
         ready=pods.ready,
         metrics=metrics,
-        held=lambda namespace, classes: hours.held(namespace, classes, holder.current),
+        held=held,
     )
     publisher = QuotaPublisher(
         ledger.line,

@@ -292,13 +292,13 @@ def test_a_pod_as_the_watch_shows_it_becomes_a_run_from_its_first_start() -> Non
         "status": {"phase": "Pending"},
     }
     body["metadata"]["annotations"] = {"gpuadm.io/class": "h100"}
-    runs.observe(body, snapshot.policy, snapshot.quotas, now=1000)
+    runs.observe(body, snapshot.policy, snapshot.quotas)
     assert list(runs.runs("team-a")) == []  # pending: free
     body["status"] = {
         "phase": "Running",
         "containerStatuses": [{"state": {"running": {"startedAt": "1970-01-01T00:16:50Z"}}}],
     }
-    runs.observe(body, snapshot.policy, snapshot.quotas, now=1020)
+    runs.observe(body, snapshot.policy, snapshot.quotas)
     assert list(runs.runs("team-a")) == [Run("team-a", "h100", F(1), 1010, None, "train")]
     runs.deleted("u1", now=1100)
     assert next(runs.runs("team-a")).ended == 1100
@@ -334,7 +334,7 @@ async def test_a_change_of_runs_is_judged_from_the_next_second() -> None:
         },
     }
     body["metadata"]["annotations"] = {"gpuadm.io/class": "h100"}
-    runs.observe(body, snapshot.policy, snapshot.quotas, now=1000)  # another 50 s
+    runs.observe(body, snapshot.policy, snapshot.quotas)  # another 50 s
     # Within the second, the spending worked out for it stands: a burst shares one pass.
     same = hours.judge("team-a", "h100", config())
     assert same is not None

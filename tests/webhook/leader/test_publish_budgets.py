@@ -177,7 +177,7 @@ async def test_budget_use_is_read_from_the_record_in_each_window() -> None:
     # objects change at checkpoints only. The ledger's own judgement counts it.
     clock.now += HOUR
     assert read("team-c") == {"a100": F(3 * HOUR, 2), "*": F(17 * HOUR, 2)}
-    judged = hours.spending("team-c", int(clock.now))
+    judged = hours.spending("team-c", int(clock.now), load_quotas(QUOTAS))
     assert not isinstance(judged, RecordError)
     assert judged.hours.within("a100", NOW - 11 * HOUR) > F(3 * HOUR, 2)
     # A namespace without budgets reads nothing.
