@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from policies.quantity import format_amount
@@ -101,3 +101,20 @@ def never_fits(
                 f"{format_amount(limit)}, so the pod could never run"
             )
     return None
+
+
+def joined(verdict: QuotaVerdict | None, budget: QuotaVerdict | None) -> QuotaVerdict | None:
+    """Join an admitted pod's quota verdict and its GPU-hour budget's (None: nothing
+    judged): the warnings of both, and what `enforce` would have done to either (warn
+    mode)."""
+    if budget is None:
+        return verdict
+    if verdict is None:
+        return budget
+    return replace(
+        verdict,
+        message=verdict.message or budget.message,
+        warnings=(*verdict.warnings, *budget.warnings),
+        would_deny=verdict.would_deny or budget.would_deny,
+        exceeded=(*verdict.exceeded, *budget.exceeded),
+    )

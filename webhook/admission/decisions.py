@@ -15,7 +15,7 @@ trusts.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from policies import (
@@ -28,7 +28,7 @@ from policies import (
 )
 from policies.claims import check_claim, check_named_claim, check_template, named_claims
 from policies.guard import check_allocation_update, check_devices_config_map
-from policies.judge import QuotaVerdict
+from policies.judge import QuotaVerdict, joined
 from policies.pod_shape import check_update_shape
 from policies.pod_view import PodView, view_pod
 from policies.queue import add_gate, is_gated, may_gate
@@ -206,7 +206,7 @@ async def validate_under(
     budget = budgets.judge(request.namespace, plan.class_name, config)
     if budget is not None and not budget.allowed:
         return _over_budget(request, config, plan, budget)
-    verdict = _with_budget(await quota.admit(request, plan, config), budget)
+    verdict = joined(await quota.admit(request, plan, config), budget)
     if verdict is None:
         return Decision("allowed", "", plan.warnings, plan=plan, revisions=revisions)
     warnings = (*plan.warnings, *verdict.warnings)
@@ -233,22 +233,6 @@ def _over_budget(
         warnings = (*plan.warnings, *held.warnings)
         return Decision("queued", message, warnings, plan, quota=held, revisions=revisions)
     return Decision("denied", message, plan.warnings, plan, quota=budget, revisions=revisions)
-
-
-def _with_budget(verdict: QuotaVerdict | None, budget: QuotaVerdict | None) -> QuotaVerdict | None:
-    """Join an admitted pod's quota verdict and its budget's: the warnings of both, and what
-    `enforce` would have done to either (warn mode)."""
-    if budget is None:
-        return verdict
-    if verdict is None:
-        return budget
-    return replace(
-        verdict,
-        message=verdict.message or budget.message,
-        warnings=(*verdict.warnings, *budget.warnings),
-        would_deny=verdict.would_deny or budget.would_deny,
-        exceeded=(*verdict.exceeded, *budget.exceeded),
-    )
 
 
 async def _check_named_claims(
