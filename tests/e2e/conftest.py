@@ -11,7 +11,7 @@ import contextlib
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -24,6 +24,8 @@ from tests.e2e.cluster import ControlPlane
 E2E_DIR = Path(__file__).resolve().parent
 TEST_LABEL = "gpuadm.test/e2e"
 TEST_ANNOTATION = "gpuadm.test/test-id"
+# The most of a fixture's logs a failed test's report carries.
+LOGS_KEPT = 200_000
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -40,6 +42,30 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.is_relative_to(E2E_DIR):
             item.add_marker(pytest.mark.e2e)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Attach to a failed test the logs of what it ran on: each of its fixtures that can
+    describe itself (a `describe_all()` method, as a gpuadm installation has) is asked.
+
+    A failure on a real node is often a race seen once in many runs: the logs written
+    then are the only account of it, and the node and its logs are gone after the run."""
+    report = yield
+    if report.failed and call.when == "call":
+        for name, value in getattr(item, "funcargs", {}).items():
+            describe = getattr(value, "describe_all", None)
+            if callable(describe):
+                try:
+                    text = str(describe())
+                    if len(text) > LOGS_KEPT:  # the end: what led to the failure
+                        text = f"(the last {LOGS_KEPT} characters)\n{text[-LOGS_KEPT:]}"
+                    report.sections.append((f"logs of {name}", text))
+                except Exception as error:  # the report must not fail for its logs
+                    report.sections.append((f"logs of {name}", f"(cannot read: {error!r})"))
+    return report
 
 
 @pytest.fixture(scope="session")

@@ -231,11 +231,12 @@ class Installation:
         lines.append(self.node.log_tail("kubelet", 20))
         return "\n".join(lines)
 
-    def describe_all(self) -> str:
-        """Every gpuadm container's whole log, the dead ones' too."""
+    def describe_all(self, lines: int = 1000) -> str:
+        """The last `lines` lines of every gpuadm container's log, the dead ones' too (the
+        kubelet removes a deleted pod's logs with it)."""
         directory = self.node.workdir / "kubelet" / "pod-logs"
         return "\n".join(
-            f"--- {path} ---\n{path.read_text(errors='replace')}"
+            f"--- {path} ---\n" + "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
             for path in sorted(directory.glob(f"{NAMESPACE}_*/gpuadm/*.log"))
         )
 

@@ -214,9 +214,9 @@ class AdmissionJudge:
             assert class_name is not None
             key = _reservation_key(pending.request)
             # A pod judged again (a retried request) is not counted against itself.
-            counted = not self.book.shown_as_pod(key)
             own = reservations.get(key)
-            in_use = totals if own is None or not counted else _without(totals, own)
+            counted = own is not None and self.book.counts(key, own)
+            in_use = _without(totals, own) if own is not None and counted else totals
             if pending.gated:
                 verdict = joining.judge(
                     pending.request,
@@ -237,12 +237,11 @@ class AdmissionJudge:
                 )
             verdicts.append(verdict)
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
-                reservations[key] = Reservation(
-                    class_name, pending.plan.charge, now, pending.request.pod_name
-                )
+                made = Reservation(class_name, pending.plan.charge, now, pending.request.pod_name)
+                reservations[key] = made
                 joining.charged(key)
                 reserved = True
-                if counted:  # its new reservation replaces the one `in_use` left out
+                if self.book.counts(key, made):  # it replaces the one `in_use` left out
                     totals = {
                         **in_use,
                         class_name: in_use.get(class_name, Fraction(0)) + pending.plan.charge,

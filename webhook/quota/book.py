@@ -214,17 +214,20 @@ class ReservationBook:
         return self.unexpired(record, self.clock()) if record else {}
 
     def reserved(self, namespace: str) -> dict[str, Reservation]:
-        """Return the copied reservations of a namespace that still count (not yet shown as
-        pods by the watch, and unexpired)."""
+        """Return the copied reservations of a namespace that still count (see `counts`)."""
         unexpired = self.copied(namespace)
-        if not self.pods_visible:
-            return unexpired
-        return {uid: r for uid, r in unexpired.items() if not self.usage.seen(uid)}
+        return {uid: r for uid, r in unexpired.items() if self.counts(uid, r)}
 
-    def shown_as_pod(self, uid: str) -> bool:
-        """Tell whether the watch has shown this pod, which then counts as a pod, not by its
-        reservation."""
-        return self.pods_visible and self.usage.seen(uid)
+    def counts(self, uid: str, reservation: Reservation) -> bool:
+        """Tell whether an unexpired reservation counts in what its namespace holds: not
+        once the watch has shown its pod (it then counts as a pod), nor once this view shows
+        that a pod known to be stored has gone (`UsageIndex.left`)."""
+        if not self.pods_visible:
+            return True
+        usage = self.usage
+        return not usage.seen(uid) and not (
+            reservation.stored and usage.left(uid, reservation.stored, reservation.stored_by)
+        )
 
     def in_use(
         self, namespace: str, reservations: Mapping[str, Reservation] | None = None
@@ -233,11 +236,15 @@ class ReservationBook:
         this replica's copy) not yet shown as pods."""
         if reservations is None:
             reservations = self.copied(namespace)
-        totals = dict(self.usage.in_use(namespace))
-        # Reservations of pods the watch has shown are counted as pods instead.
-        pending = self.usage.unseen(reservations) if self.pods_visible else reservations
+        usage = self.usage
+        totals = dict(usage.in_use(namespace))
+        # Reservations of pods the watch has shown are counted as pods instead (most of
+        # them: found in one pass), and those of pods known gone not at all (`counts`).
+        pending = usage.unseen(reservations) if self.pods_visible else reservations
         for uid in pending:
             reservation = reservations[uid]
+            if reservation.stored and usage.left(uid, reservation.stored, reservation.stored_by):
+                continue
             totals[reservation.class_name] = (
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )

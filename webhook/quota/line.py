@@ -181,15 +181,25 @@ class QueueLine:
             released = walked.released
             more = more or not walked.complete
         # A charged pod still shown gated (its gate about to go, or gone and not yet shown)
-        # keeps its reservation fresh, so that it never expires uncounted.
-        stale = [
-            w for w in charged_all if now - reservations[w.uid].at > self._book.reservation_ttl / 3
+        # keeps its reservation fresh, so that it never expires uncounted; and one charged
+        # as it was admitted, still in flight then, is marked stored now. So is each pod
+        # released: it waits in this view of the line, so it is stored by the view's
+        # version, and a replica that starts after it is deleted (a new leader) knows it
+        # gone rather than count it until its reservation expires.
+        ttl = self._book.reservation_ttl
+        stored, label = self._usage.version, self._usage.label  # version 0: no view yet
+        renewed = [
+            w
+            for w in charged_all
+            if now - (r := reservations[w.uid]).at > ttl / 3 or (stored and not r.stored)
         ]
         turn = Turn(released, more)
-        if not released and not stale:
+        if not released and not renewed:
             return charged, turn
-        for pod in (*released, *stale):
-            reservations[pod.uid] = Reservation(pod.class_name, pod.charge, now, pod.name)
+        for pod in (*released, *renewed):
+            reservations[pod.uid] = Reservation(
+                pod.class_name, pod.charge, now, pod.name, stored, label
+            )
         await self._book.write(namespace, reservations, record)
         return charged + list(released), turn
 

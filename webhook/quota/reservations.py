@@ -43,24 +43,43 @@ class Reservation:
     charge: Fraction
     at: float
     pod: str = ""
+    # The pod was in the store by this pod resourceVersion, as the writer's watch of pods
+    # labelled `stored_by` showed it (a pod released from its line); 0: not known (a pod
+    # admitted and still in flight). A replica whose view of that label is complete up to it
+    # and has no such pod knows the pod is gone, even if it started after the pod went and
+    # so never saw it (`UsageIndex.left`).
+    stored: int = 0
+    stored_by: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the reservation as stored in the record."""
-        return {
+        data: dict[str, Any] = {
             "class": self.class_name,
             "charge": _written(self.charge),
             "at": self.at,
             "pod": self.pod,
         }
+        if self.stored:
+            data["stored"] = {"version": str(self.stored), "label": self.stored_by}
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Reservation:
-        """Read a reservation back from the record."""
+        """Read a reservation back from the record (one written before `stored` was, or
+        with a `stored` it cannot read, as not known to be stored)."""
+        stored = data.get("stored")
+        version, label = 0, ""
+        if isinstance(stored, dict):
+            text = stored.get("version")
+            if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 20:
+                version, label = int(text), str(stored.get("label", ""))
         return cls(
             str(data["class"]),
             _read(str(data["charge"])),
             float(data["at"]),
             str(data.get("pod", "")),
+            version,
+            label,
         )
 
 

@@ -152,6 +152,22 @@ class UsageIndex:
         seen_at = self._seen_at
         return [uid for uid in uids if uid not in seen_at]
 
+    def left(self, uid: str, stored: int, label: str) -> bool:
+        """Tell whether a pod known to be in the store by resourceVersion `stored`, as a
+        watch of pods labelled `label` showed it, has left it (deleted, or no longer holding
+        GPUs nor waiting): this view selects pods by that label, is complete up to at
+        least that version, and holds the pod neither holding GPUs nor in line.
+
+        So a replica that started after such a pod was deleted, and never saw it, does not
+        count its reservation (`webhook.quota.book`)."""
+        return (
+            stored > 0
+            and label == self.label
+            and self.version >= stored
+            and uid not in self._pods
+            and uid not in self._line_of
+        )
+
     def forget_seen_before(self, moment: float) -> None:
         """Forget sightings older than `moment`: their reservations have expired anyway."""
         self._seen_at = {uid: at for uid, at in self._seen_at.items() if at >= moment}

@@ -76,6 +76,37 @@ def test_the_text_reads_back_as_the_record_written() -> None:
     assert record_of(configmap(text.encode("team-a", record))).reservations == record
 
 
+def test_a_reservation_marked_stored_reads_back_marked() -> None:
+    marked = Reservation("h100", Fraction(1, 2), 5.0, "p", 123456789, "gpuadm.io/class")
+    record = {"u": marked, "v": reservation(6.0)}
+    text = RecordText().encode("team-a", record)
+    assert b'"stored":{"version":"123456789","label":"gpuadm.io/class"}' in text
+    assert b"stored" not in whole({"v": reservation(6.0)})  # unmarked: as before the mark
+    assert record_of(configmap(text)).reservations == record
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(None, id="absent"),
+        pytest.param("12", id="not-a-mapping"),
+        pytest.param({"version": 12, "label": "l"}, id="number"),
+        pytest.param({"version": "-12", "label": "l"}, id="negative"),
+        pytest.param({"version": "\u00b2", "label": "l"}, id="unicode-digit"),
+        pytest.param({"version": "9" * 21, "label": "l"}, id="too-long"),
+    ],
+)
+def test_a_stored_mark_that_cannot_be_read_reads_as_not_known(stored: Any) -> None:
+    """A record written by an older replica, or edited by hand: the reservation counts
+    until it expires, as it did before marks."""
+    entry: dict[str, Any] = {"class": "h100", "charge": "1", "at": 5.0, "pod": "p"}
+    if stored is not None:
+        entry["stored"] = stored
+    read = Reservation.from_json(orjson.loads(orjson.dumps(entry)))
+    assert (read.stored, read.stored_by) == (0, "")
+    assert read == reservation(5.0)
+
+
 async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_sent() -> None:
     # Nothing listens on this address: a record that passes the size check reaches the
     # network and fails there with a connection error; one that does not raises RecordFull.

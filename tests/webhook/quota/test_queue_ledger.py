@@ -653,6 +653,84 @@ async def test_an_expired_reservation_of_a_pod_still_gated_is_charged_anew_not_t
     assert quota.book.in_use("team-q") == {"a100": 1}
 
 
+def watched(*bodies: dict[str, Any], version: int, label: str | None = None) -> UsageIndex:
+    """A replica's view as its pod watch makes it: of the policy's label (or `label`),
+    complete up to `version`, showing `bodies`."""
+    usage = UsageIndex()
+    usage.watching(config().policy.class_annotation if label is None else label)
+    observe(usage, *bodies)
+    usage.advance(version)
+    return usage
+
+
+async def test_a_new_leader_that_never_saw_a_released_pod_gives_its_room_back_at_once() -> None:
+    """The leader releases a pod and dies; the pod is deleted; a replica that started after
+    that, and so never saw the pod, leads: the pod's reservation must not hold the line
+    until it expires."""
+    store = MemoryStore()
+    first, second = [stored_pod({"gpuadm.io/a100": "1"}, gated=True) for _ in range(2)]
+    old = QuotaLedger(watched(first, second, version=10), store, pods_visible=True)
+    released, _ = await old.line.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(first)]
+    stored = (await store.read("team-q")).reservations[uid(first)]
+    assert (stored.stored, stored.stored_by) == (10, config().policy.class_annotation)
+
+    # The first pod is deleted (at version 12); the new replica lists after that.
+    new = QuotaLedger(watched(second, version=13), store, pods_visible=True)
+    released, _ = await new.line.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(second)]
+    assert await stored_charges(store, "team-q") == {uid(first): 1, uid(second): 1}
+    assert new.book.in_use("team-q") == {"a100": 1}
+
+
+@pytest.mark.parametrize(
+    ("view", "why"),
+    [
+        pytest.param({"version": 9}, "its view is older than the release", id="lagging"),
+        pytest.param(
+            {"version": 13, "label": "example.com/other"},
+            "it watches pods of another label, which may hold the pod",
+            id="other-label",
+        ),
+    ],
+)
+async def test_a_replica_that_cannot_know_a_released_pod_gone_keeps_counting_it(
+    view: dict[str, Any], why: str
+) -> None:
+    store = MemoryStore()
+    first, second = [stored_pod({"gpuadm.io/a100": "1"}, gated=True) for _ in range(2)]
+    old = QuotaLedger(watched(first, second, version=10), store, pods_visible=True)
+    await old.line.release("team-q", config().quotas)
+
+    new = QuotaLedger(watched(second, **view), store, pods_visible=True)
+    released, _ = await new.line.release("team-q", config().quotas)
+    assert released == [], why
+    await new.book.refresh("team-q")
+    assert new.book.in_use("team-q") == {"a100": 1}
+
+
+async def test_a_pod_charged_in_flight_is_marked_stored_by_the_leader_once() -> None:
+    store = MemoryStore()
+    body = stored_pod({"gpuadm.io/a100": "0.75"}, gated=True)
+    admitting = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    assert not (await admit_gated(admitting, body)).queued
+    assert (await store.read("team-q")).reservations[uid(body)].stored == 0
+
+    leader = QuotaLedger(watched(body, version=20), store, pods_visible=True)
+    for _ in range(3):
+        released, outcome = await leader.line.release("team-q", config().quotas)
+        assert [w.uid for w in released] == [uid(body)]
+        assert outcome.released == ()
+    assert store.writes == 2  # the admission's, and the leader's mark: once
+    assert (await store.read("team-q")).reservations[uid(body)].stored == 20
+
+    # Deleted before the leader removed its gate, and unseen by a replica that lists later.
+    later = QuotaLedger(watched(version=21), store, pods_visible=True)
+    await later.book.refresh("team-q")
+    assert later.book.in_use("team-q") == {}
+    assert later.book.reserved("team-q") == {}
+
+
 # --- several replicas ---------------------------------------------------------------------
 
 
