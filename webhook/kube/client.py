@@ -4,14 +4,20 @@ finding the cluster as kubectl does.
 A kubeconfig (its contexts, clusters, client certificates and tokens, as kubectl reads
 them) or the pod's service account is read here, and handed to the async client
 (`webhook.kube.rest`) as an `Endpoint`: the apiserver's address, its CA, the client
-certificate, and the Authorization header, built on each call through the official client's
-refresh hook so that a rotated service-account token is used. Every call to the apiserver
-goes through the async client.
+certificate, and the Authorization header, built through the official client's refresh hook
+so that a rotated service-account token is used. The header is built again at most every
+`AUTHORIZATION_SECONDS`: the hook reloads the whole kubeconfig (and reads every proxy
+variable of the environment) each time, a fifth of what an admission's write of its quota
+record cost gpuadm's CPU when it ran on every call. The official client itself re-reads a
+service account's token once a minute. Every call to the apiserver goes through the async
+client.
 """
 
 from __future__ import annotations
 
 import os
+import time
+from collections.abc import Callable
 
 import kubernetes.client
 import kubernetes.config
@@ -20,6 +26,9 @@ from webhook.kube.endpoint import Endpoint, file_or_none
 from webhook.kube.errors import KubeError
 
 __all__ = ["Kube", "KubeError", "connect"]
+
+# How long an Authorization header, once built, is used before it is built again.
+AUTHORIZATION_SECONDS = 10.0
 
 
 def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:
@@ -41,19 +50,32 @@ def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:
 class Kube:
     """A cluster as its kubeconfig (or service account) names it."""
 
-    def __init__(self, client: kubernetes.client.ApiClient) -> None:
+    def __init__(
+        self,
+        client: kubernetes.client.ApiClient,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._configuration = client.configuration
+        self._clock = clock
 
     def endpoint(self) -> Endpoint:
         """Return the apiserver's address and credentials, for the calls made from the loop."""
         configuration = self._configuration
+        clock = self._clock
+        built: list[tuple[float, str | None]] = []  # when the header was built, and it
 
         def authorization() -> str | None:
+            now = clock()
+            if built and now - built[0][0] < AUTHORIZATION_SECONDS:
+                return built[0][1]
             # As the client itself builds the header: through its refresh hook, so that a
             # rotated service-account token is used.
             setting = configuration.auth_settings().get("BearerToken") or {}
             value = setting.get("value")
-            return str(value) if value else None
+            header = str(value) if value else None
+            built[:] = [(now, header)]
+            return header
 
         return Endpoint(
             host=str(configuration.host).rstrip("/"),
