@@ -194,9 +194,14 @@ class PodWatcher:
                 follower.deleted(str(metadata.get("uid")), now=now)
         elif kind in ("ADDED", "MODIFIED"):
             snapshot = self.config.current
-            self.usage.observe(obj, snapshot.policy, snapshot.quotas, now=now, version=number)
-            for follower in self.followers:
-                follower.observe(obj, snapshot.policy, snapshot.quotas)
+            state = self.usage.observe(
+                obj, snapshot.policy, snapshot.quotas, now=now, version=number
+            )
+            if self.followers and not isinstance(state, Waiting):
+                # What the pod holds, worked out once for the index and its followers.
+                charged = (state.class_name, state.charge) if isinstance(state, Holding) else None
+                for follower in self.followers:
+                    follower.observe(obj, snapshot.policy, snapshot.quotas, charged=charged)
         if number is not None:  # a bookmark too: every event up to it was sent
             self.usage.advance(number)
         self.metrics.tracked_pods.set(len(self.usage))

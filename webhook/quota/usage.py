@@ -181,15 +181,16 @@ class UsageIndex:
         *,
         now: float,
         version: int | None = None,
-    ) -> None:
-        """Record a pod as it now is: charged if it holds GPUs, dropped if it no longer does.
+    ) -> Holding | Waiting | None:
+        """Record a pod as it now is: charged if it holds GPUs, dropped if it no longer does;
+        return its state (`pod_state`), for whoever follows the pods too.
 
         `version` is the resourceVersion of the watch event that shows it (None: not shown
         by a watch event)."""
         metadata = pod.get("metadata") or {}
         uid = metadata.get("uid")
         if not uid:
-            return
+            return None
         state = pod_state(pod, policy, quotas)
         if not isinstance(state, Waiting):
             self._seen_at.setdefault(uid, now)
@@ -199,7 +200,7 @@ class UsageIndex:
         holding = state if isinstance(state, Holding) else None
         previous = self._pods.get(uid)
         if previous == holding:
-            return
+            return state
         if previous is not None:
             self._drop(uid, previous)
         if holding is not None:
@@ -207,6 +208,7 @@ class UsageIndex:
             self._members.setdefault(holding.namespace, set()).add(uid)
             self._add(holding, holding.charge)
             self._changed(holding.namespace)
+        return state
 
     def forget(self, uid: str, *, now: float | None = None, version: int | None = None) -> None:
         """Drop a pod that was deleted or finished.
