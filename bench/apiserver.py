@@ -79,8 +79,14 @@ BURSTS = {
     "native": (NATIVE_RESOURCE, 0),
     "noop": (NATIVE_RESOURCE, 0),
     "gpuadm-1": (GPUADM_RESOURCE, 1),
+    # Every pod of the burst admitted and stored, in a namespace without quota and in one
+    # whose quota they all fit: the difference is what the quota costs a burst.
+    "unlimited-1": (GPUADM_RESOURCE, 1),
+    "roomy-1": (GPUADM_RESOURCE, 1),
     f"gpuadm-{REPLICAS}": (GPUADM_RESOURCE, REPLICAS),
 }
+# What each kind's namespace allows, if not `FIT`; None: no quota at all.
+BURST_LIMITS: dict[str, int | None] = {"unlimited-1": None, "roomy-1": ROOMY}
 WARMUP_CREATES = 10
 
 
@@ -122,12 +128,19 @@ async def _measure(
         await asyncio.to_thread(point, deployment, direct=True)
         await interleaved_latencies(creator, SEQUENTIAL, count=WARMUP_CREATES, prefix="warm")
         latencies = await interleaved_latencies(creator, SEQUENTIAL, count=count, prefix="seq")
-        await asyncio.to_thread(point, deployment, direct=False)
         burst_figures: dict[str, list[dict[str, Any]]] = {kind: [] for kind in BURSTS}
+        direct = True  # the sequential creates left gpuadm pointed at its first replica
         for round_ in range(len(bursts["native"])):
             for kind, (resource, replicas) in BURSTS.items():
+                # One replica is called straight, as the no-op webhooks are; several need
+                # the balancer, which relays every byte in this process (see `point`).
+                if replicas and (replicas == 1) != direct:
+                    direct = replicas == 1
+                    await asyncio.to_thread(point, deployment, direct=direct)
                 namespace = bursts[kind][round_]
-                figures = await measured_burst(creator, deployment, namespace, resource, replicas)
+                figures = await measured_burst(
+                    creator, deployment, namespace, resource, replicas, balanced=not direct
+                )
                 burst_figures[kind].append(figures)
         churn = await measure_churn(plane, deployment, creator, seconds=churn_seconds)
     return {
@@ -149,10 +162,17 @@ async def _measure(
 
 
 async def measured_burst(
-    creator: PodCreator, deployment: Deployment, namespace: str, resource: str, replicas: int
+    creator: PodCreator,
+    deployment: Deployment,
+    namespace: str,
+    resource: str,
+    replicas: int,
+    *,
+    balanced: bool,
 ) -> dict[str, Any]:
-    """Send a burst of creates to a namespace that `FIT` of them fit; say what was stored."""
-    if replicas:
+    """Send a burst of creates to a namespace that `FIT` of them fit; say what was stored.
+    `balanced`: gpuadm's webhooks point at the balancer, not at its first replica."""
+    if replicas and balanced:
         # Cut the apiserver's connections to gpuadm, so that new ones spread over the replicas.
         deployment.route(0)
         deployment.route(replicas)
@@ -207,7 +227,9 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
         for name in names:
             if BURSTS[kind][1]:
                 core.create_namespace({"metadata": {"name": name}})
-                gpuadm_limits[name] = FIT
+                limit = BURST_LIMITS.get(kind, FIT)
+                if limit is not None:
+                    gpuadm_limits[name] = limit
             else:
                 labels = {NOOP_LABEL: "true"} if kind == "noop" else {}
                 native_quota(core, name, FIT, labels=labels)
