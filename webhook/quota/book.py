@@ -239,11 +239,11 @@ class ReservationBook:
         usage = self.usage
         totals = dict(usage.in_use(namespace))
         # Reservations of pods the watch has shown are counted as pods instead (most of
-        # them: found in one pass), and those of pods known gone not at all (`counts`).
+        # them: left out in one pass), and those of pods known gone not at all (`counts`).
         pending = usage.unseen(reservations) if self.pods_visible else reservations
         for uid in pending:
             reservation = reservations[uid]
-            if reservation.stored and usage.left(uid, reservation.stored, reservation.stored_by):
+            if not self.counts(uid, reservation):
                 continue
             totals[reservation.class_name] = (
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
