@@ -152,7 +152,18 @@ async def cluster_reports(
 
 def table(reports: list[ClassReport], *, headers: bool = True) -> str:
     """Lay the reports out as kubectl does: a header, then a row per namespace and class."""
-    header = ("NAMESPACE", "CLASS", "MODE", "LIMIT", "IN USE", "RESERVED", "WAITING", "PODS")
+    header = (
+        "NAMESPACE",
+        "CLASS",
+        "MODE",
+        "LIMIT",
+        "IN USE",
+        "RESERVED",
+        "WAITING",
+        "BUDGET",
+        "BUDGET USED",
+        "PODS",
+    )
     rows = [header]
     for report in reports:
         data: dict[str, Any] = report.to_json()
@@ -168,6 +179,8 @@ def table(reports: list[ClassReport], *, headers: bool = True) -> str:
                 data["inUse"],
                 data["reserved"],
                 str(data["waiting"]),
+                data.get("budget", "-"),
+                data.get("budgetUsed", "-"),
                 pods or "-",
             )
         )

@@ -219,17 +219,19 @@ def test_table_has_a_header_and_a_row_per_class() -> None:
         "IN USE",
         "RESERVED",
         "WAITING",
+        "BUDGET",
+        "BUDGET USED",
         "PODS",
     ]
     assert len(lines) == 1 + len(reports) == 4
-    cells = [line.split(None, 7) for line in lines[1:]]
-    assert [c[:7] for c in cells] == [
-        ["team-q", "a100", "queue", "2", "1", "0.5", "1"],
-        ["team-q", "h100", "queue", "1", "0.102", "0", "0"],
-        ["team-q", "*", "queue", "4", "1.102", "0.5", "1"],
+    cells = [line.split(None, 9) for line in lines[1:]]
+    assert [c[:9] for c in cells] == [
+        ["team-q", "a100", "queue", "2", "1", "0.5", "1", "-", "-"],
+        ["team-q", "h100", "queue", "1", "0.102", "0", "0", "-", "-"],
+        ["team-q", "*", "queue", "4", "1.102", "0.5", "1", "-", "-"],
     ]
-    assert cells[0][7] == "train (1)"
-    assert cells[1][7].endswith(", and 2 more")
+    assert cells[0][9] == "train (1)"
+    assert cells[1][9].endswith(", and 2 more")
     # The columns line up.
     assert len({line.index("queue") for line in lines[1:]}) == 1
 
@@ -239,7 +241,7 @@ def test_table_of_a_class_without_limit_or_pods() -> None:
         "team-x", load_quotas("namespaces: {team-x: {}}\n"), [], [], [waiting("w", "l4", "1", 0)]
     )
     (_, row) = table([report]).splitlines()
-    assert row.split() == ["team-x", "l4", "enforce", "none", "0", "0", "1", "-"]
+    assert row.split() == ["team-x", "l4", "enforce", "none", "0", "0", "1", "-", "-", "-"]
 
 
 def test_table_without_anything_to_report_says_so() -> None:

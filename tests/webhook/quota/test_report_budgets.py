@@ -3,6 +3,7 @@ holds it, `*` too, and what was used of a budget is said in GPU-hours."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from fractions import Fraction as F
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 from policies import load_quotas
+from webhook.cli.quota import table
 from webhook.quota.report import namespace_report
 from webhook.quota.usage import Holding
 
@@ -139,3 +141,19 @@ def test_the_star_budget_counts_every_class_like_a_cap() -> None:
     assert reported["*"]["inUse"] == "1.5"
     assert [h["pod"] for h in reported["*"]["holders"]] == ["a", "b"]
     assert "limit" not in reported["*"]
+
+
+def test_the_admins_table_shows_each_budget_and_what_was_used() -> None:
+    reports = namespace_report(
+        "team-c",
+        load_quotas(QUOTAS),
+        (Holding("team-c", "a100", F(1), "train"),),
+        [],
+        [],
+        budget_used={"a100": F(900), "*": F(3600 * 12)},
+    )
+    lines = table(reports).splitlines()
+    assert re.split(" {2,}", lines[0])[7:9] == ["BUDGET", "BUDGET USED"]
+    cells = {c[1]: c for c in (line.split() for line in lines[1:])}
+    assert cells["a100"][3:] == ["2", "1", "0", "0", "30m/12h", "15m", "train", "(1)"]
+    assert cells["*"][7:9] == ["900h/30d", "12h"]
