@@ -27,7 +27,7 @@ from policies.line import Line
 from policies.queue import Place, Waiting, waiting_pod
 from policies.quotas import QuotaConfig
 from webhook.quota.book import RecordBusy, ReservationBook
-from webhook.quota.reservations import Reservation
+from webhook.quota.reservations import Conflict, RecordFull, Reservation, storable
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -187,21 +187,28 @@ class QueueLine:
         # version, and a replica that starts after it is deleted (a new leader) knows it
         # gone rather than count it until its reservation expires.
         ttl = self._book.reservation_ttl
-        stored, label = self._usage.version, self._usage.label  # version 0: no view yet
-        renewed = [
-            w
-            for w in charged_all
-            if now - (r := reservations[w.uid]).at > ttl / 3 or (stored and not r.stored)
-        ]
+        # 0: no view yet, or a version a record could not carry.
+        stored, label = storable(self._usage.version), self._usage.label
+        stale = [w for w in charged_all if now - reservations[w.uid].at > ttl / 3]
+        unmarked = [w for w in charged_all if stored and not reservations[w.uid].stored]
         turn = Turn(released, more)
-        if not released and not renewed:
+        if not released and not stale and not unmarked:
             return charged, turn
-        for pod in (*released, *renewed):
+        for pod in (*released, *stale, *unmarked):
             reservations[pod.uid] = Reservation(
                 pod.class_name, pod.charge, now, pod.name, stored, label
             )
-        await self._book.write(namespace, reservations, record)
-        return charged + list(released), turn
+        if released or stale:
+            await self._book.write(namespace, reservations, record)
+            return charged + list(released), turn
+        # Only marks to write: they free room sooner after a failover, nothing more. A race
+        # lost or a full record must not hold back the gates, which go all the same; the
+        # reservations stay unmarked and expire as they always did.
+        try:
+            await self._book.write(namespace, reservations, record)
+        except (Conflict, RecordFull) as failed:
+            log.debug("namespace %s: pods charged at creation left unmarked: %r", namespace, failed)
+        return charged, turn
 
     async def unreserve(self, namespace: str, uid: str) -> None:
         """Drop the reservation of a released pod that was deleted before its gate was

@@ -35,6 +35,17 @@ class RecordFull(KubeError):
         super().__init__(413, self.detail)
 
 
+# The most digits of a resourceVersion a reservation's `stored` mark carries (etcd's
+# revisions, 64-bit, have at most 19).
+STORED_DIGITS = 20
+
+
+def storable(version: int) -> int:
+    """Return `version` as a reservation may carry it in `stored`: 0 if it could not be
+    read back from the record (so no one writes, again and again, a mark that never holds)."""
+    return version if 0 < version < 10**STORED_DIGITS else 0
+
+
 @dataclass(frozen=True, slots=True)
 class Reservation:
     """One admitted pod's charge, from the moment it was admitted."""
@@ -71,7 +82,12 @@ class Reservation:
         version, label = 0, ""
         if isinstance(stored, dict):
             text = stored.get("version")
-            if isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 20:
+            if (
+                isinstance(text, str)
+                and text.isascii()
+                and text.isdigit()
+                and len(text) <= STORED_DIGITS
+            ):
                 version, label = int(text), str(stored.get("label", ""))
         return cls(
             str(data["class"]),

@@ -25,11 +25,13 @@ from webhook.quota.book import MAX_ATTEMPTS
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import (
     NO_MARK,
+    STORED_DIGITS,
     Conflict,
     Mark,
     MemoryStore,
     RecordFull,
     Reservation,
+    storable,
 )
 from webhook.quota.usage import Holding, UsageIndex, pod_state
 from webhook.reviews.request import AdmissionRequest
@@ -729,6 +731,68 @@ async def test_a_pod_charged_in_flight_is_marked_stored_by_the_leader_once() -> 
     await later.book.refresh("team-q")
     assert later.book.in_use("team-q") == {}
     assert later.book.reserved("team-q") == {}
+
+
+class FailingStore(MemoryStore):
+    """A store whose next write fails as `failure` says (a lost race, a full record)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failure: Exception | None = None
+
+    async def write(
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
+    ) -> str:
+        failure, self.failure = self.failure, None
+        if failure is not None:
+            raise failure
+        return await super().write(namespace, reservations, version, mark)
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        pytest.param(Conflict("team-q"), id="a-race-lost"),
+        pytest.param(RecordFull("team-q", 9000, 1024 * 1024), id="a-full-record"),
+    ],
+)
+async def test_marks_that_cannot_be_written_never_hold_back_a_gate(failure: Exception) -> None:
+    store = FailingStore()
+    body = stored_pod({"gpuadm.io/a100": "0.75"}, gated=True)
+    admitting = QuotaLedger(UsageIndex(), store, pods_visible=True)
+    assert not (await admit_gated(admitting, body)).queued
+
+    leader = QuotaLedger(watched(body, version=20), store, pods_visible=True)
+    store.failure = failure
+    released, _ = await leader.line.release("team-q", config().quotas)
+    assert [w.uid for w in released] == [uid(body)]  # its gate goes all the same
+    assert (await store.read("team-q")).reservations[uid(body)].stored == 0
+    assert store.writes == 1
+
+    released, _ = await leader.line.release("team-q", config().quotas)  # the next turn
+    assert [w.uid for w in released] == [uid(body)]
+    assert (await store.read("team-q")).reservations[uid(body)].stored == 20
+
+
+async def test_a_version_no_record_can_carry_is_never_written_as_a_mark() -> None:
+    """Written, it would read back unmarked, and every turn would write it again."""
+    assert (storable(10**STORED_DIGITS - 1), storable(10**STORED_DIGITS), storable(0)) == (
+        10**STORED_DIGITS - 1,
+        0,
+        0,
+    )
+    store = MemoryStore()
+    body = stored_pod({"gpuadm.io/a100": "0.75"}, gated=True)
+    assert not (await admit_gated(QuotaLedger(UsageIndex(), store, pods_visible=True), body)).queued
+    leader = QuotaLedger(watched(body, version=10**STORED_DIGITS), store, pods_visible=True)
+    for _ in range(3):
+        released, _ = await leader.line.release("team-q", config().quotas)
+        assert [w.uid for w in released] == [uid(body)]
+    assert store.writes == 1
 
 
 # --- several replicas ---------------------------------------------------------------------
