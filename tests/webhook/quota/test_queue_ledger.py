@@ -795,6 +795,40 @@ async def test_a_version_no_record_can_carry_is_never_written_as_a_mark() -> Non
     assert store.writes == 1
 
 
+@pytest.mark.parametrize(
+    ("view_version", "why"),
+    [
+        pytest.param(20, "its own reservation is of a pod this view knows gone", id="gone"),
+        pytest.param(5, "its own reservation still counts: the view is older than it", id="not"),
+    ],
+)
+async def test_a_create_judged_again_over_its_own_marked_reservation_is_counted_once(
+    view_version: int, why: str
+) -> None:
+    """The record holds a marked reservation under the pod's own uid (a create judged
+    again). It is left out of what the namespace holds, or its charge replaced by the new
+    one: either way the pod counts once, and the room after it is exactly the rest."""
+    store = MemoryStore()
+    first = stored_pod({"gpuadm.io/a100": "1"}, "team-e")
+    label = config().policy.class_annotation
+    marked = Reservation("a100", Fraction(1), 1000.0, "p", 10, label)
+    await store.write("team-e", {uid(first): marked}, None)
+    quota = QuotaLedger(
+        watched(version=view_version), store, pods_visible=True, clock=lambda: 1000.0
+    )
+    snapshot = config()
+    verdict = await quota.admit(request(first), plan_of(first), snapshot)
+    assert verdict is not None
+    assert verdict.allowed, why
+    assert quota.book.in_use("team-e") == {"a100": 1}, why
+
+    second = stored_pod({"gpuadm.io/a100": "1"}, "team-e")
+    verdict = await quota.admit(request(second), plan_of(second), snapshot)
+    assert verdict is not None
+    assert not verdict.allowed, why
+    assert verdict.message == 'namespace "team-e": a100 quota exceeded: requested 1, in use 1 of 1'
+
+
 # --- several replicas ---------------------------------------------------------------------
 
 
