@@ -125,18 +125,18 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def parse_since(text: str) -> int:
     """Read `--since`: a whole number of weeks, days, hours, minutes or seconds, as seconds
     (`policies.budget.parse_duration`); raise `CommandError` naming the value otherwise."""
-    from policies.budget import parse_duration
+    from policies.budget import DAY, parse_duration
 
     try:
         seconds = parse_duration(text)
     except ValueError:
         raise CommandError(
-            f"--since {text!r} is not a period: give a whole number of days, hours, minutes "
-            "or seconds, e.g. 30d, 12h, 90m or 600s"
+            f"--since {text!r} is not a period: give a whole number of weeks, days, hours, "
+            "minutes or seconds, e.g. 2w, 30d, 12h, 90m or 600s"
         ) from None
     if seconds == 0:
         raise CommandError(f"--since {text!r} is an empty period: give at least 1s")
-    if seconds > MAX_SINCE_DAYS * 86400:
+    if seconds > MAX_SINCE_DAYS * DAY:
         raise CommandError(
             f"--since {text!r} is longer than {MAX_SINCE_DAYS}d; the records keep 35d of usage"
         )

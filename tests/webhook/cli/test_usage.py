@@ -385,8 +385,8 @@ def test_an_unreadable_record_is_shown_with_its_error_and_exits_1(
     [
         (
             "30",
-            "--since '30' is not a period: give a whole number of days, hours, minutes or "
-            "seconds, e.g. 30d, 12h, 90m or 600s",
+            "--since '30' is not a period: give a whole number of weeks, days, hours, "
+            "minutes or seconds, e.g. 2w, 30d, 12h, 90m or 600s",
         ),
         ("1y", "--since '1y' is not a period"),
         ("1.5h", "--since '1.5h' is not a period"),
