@@ -63,18 +63,17 @@ class Kube:
         """Return the apiserver's address and credentials, for the calls made from the loop."""
         configuration = self._configuration
         clock = self._clock
-        built: list[tuple[float, str | None]] = []  # when the header was built, and it
+        built_at, header = float("-inf"), None
 
         def authorization() -> str | None:
+            nonlocal built_at, header
             now = clock()
-            if built and now - built[0][0] < AUTHORIZATION_SECONDS:
-                return built[0][1]
-            # As the client itself builds the header: through its refresh hook, so that a
-            # rotated service-account token is used.
-            setting = configuration.auth_settings().get("BearerToken") or {}
-            value = setting.get("value")
-            header = str(value) if value else None
-            built[:] = [(now, header)]
+            if now - built_at >= AUTHORIZATION_SECONDS:
+                # As the client itself builds the header: through its refresh hook, so that
+                # a rotated service-account token is used.
+                setting = configuration.auth_settings().get("BearerToken") or {}
+                value = setting.get("value")
+                built_at, header = now, str(value) if value else None
             return header
 
         return Endpoint(

@@ -153,12 +153,7 @@ class PodWatcher:
                     holdings[pod["metadata"]["uid"]] = state
                 elif isinstance(state, Waiting):
                     waiting[pod["metadata"]["uid"]] = state
-                if self.followers and not isinstance(state, Waiting):
-                    charged = (
-                        (state.class_name, state.charge) if isinstance(state, Holding) else None
-                    )
-                    for follower in self.followers:
-                        follower.observe(pod, policy, quotas, charged=charged)
+                self._tell_followers(pod, state, policy, quotas)
         for follower in self.followers:
             follower.end_list(now=self.clock())
         return holdings, waiting, version
@@ -175,6 +170,20 @@ class PodWatcher:
                 latest = self._apply(event) or latest
         self.last_contact = self.clock()
         return latest
+
+    def _tell_followers(
+        self,
+        pod: Mapping[str, Any],
+        state: Holding | Waiting | None,
+        policy: Policy,
+        quotas: QuotaConfig,
+    ) -> None:
+        """Tell the followers of a pod as it now is, with what it holds, worked out once for
+        the index and them. A pod in line has not started: it is nothing to them."""
+        if self.followers and not isinstance(state, Waiting):
+            charged = (state.class_name, state.charge) if isinstance(state, Holding) else None
+            for follower in self.followers:
+                follower.observe(pod, policy, quotas, charged=charged)
 
     def _apply(self, event: WatchEvent) -> str | None:
         kind = event.get("type")
@@ -197,11 +206,7 @@ class PodWatcher:
             state = self.usage.observe(
                 obj, snapshot.policy, snapshot.quotas, now=now, version=number
             )
-            if self.followers and not isinstance(state, Waiting):
-                # What the pod holds, worked out once for the index and its followers.
-                charged = (state.class_name, state.charge) if isinstance(state, Holding) else None
-                for follower in self.followers:
-                    follower.observe(obj, snapshot.policy, snapshot.quotas, charged=charged)
+            self._tell_followers(obj, state, snapshot.policy, snapshot.quotas)
         if number is not None:  # a bookmark too: every event up to it was sent
             self.usage.advance(number)
         self.metrics.tracked_pods.set(len(self.usage))
