@@ -176,6 +176,12 @@ class QuotaConfig(Model):
 
     def longest_window(self) -> int:
         """Return the longest budget window in seconds (0: no budgets)."""
+        return self._longest_window
+
+    @cached_property
+    def _longest_window(self) -> int:
+        """Work out, once per config, the longest window: every judgement of a budget and
+        every scrape asks, and the answer walks every namespace."""
         budgets = [*self.default_budget.values()]
         for entry in self.namespaces.values():
             budgets.extend(entry.budget.values())
