@@ -252,6 +252,12 @@ class Metrics:
             "Usage-record writes that lost a race and were retried.",
             registry=r,
         )
+        self.admitted_aside = Counter(
+            "gpuadm_quota_admitted_from_room_aside",
+            "Admissions under quota judged from the room set aside for this replica, without "
+            "a write of the usage record (gpuadm serve --quota-allowances).",
+            registry=r,
+        )
         self.record_bytes_written = Counter(
             "gpuadm_quota_record_bytes_written",
             "Bytes of usage-record bodies sent to the apiserver, in creates and replaces "

@@ -15,23 +15,31 @@ apiserver's own ResourceQuota admission batches the admissions waiting on one qu
 burst of creates in one namespace costs a few writes, not one per pod.
 
 A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`).
+
+With allowances (`webhook.quota.allowances`), a write for an admission in enforce mode also
+sets half of the room left aside for this replica, and the admissions after it that fit in
+that room are judged without a write at all. One that does not fit only because other
+replicas hold room aside waits for them to give it back, for `WAIT_SECONDS` at most.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
+from typing import Any
 
 from policies import Plan
 from policies.judge import QuotaVerdict, judge, never_fits
 from policies.queue import is_gated, may_gate
-from policies.quotas import Terms, budgets_on, limits_on
+from policies.quotas import ALL_CLASSES, Terms, budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
+from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
 from webhook.quota.book import NOT_IN_SYNC, NotInSync, RecordBusy, ReservationBook
 from webhook.quota.line import QueueLine, held_in_line
 from webhook.quota.namespaces import every_namespace_exists
@@ -57,6 +65,8 @@ class _Pending:
     # Created behind gpuadm's gate: charged now if it is first in line and fits, else left
     # waiting in line, uncharged.
     gated: bool
+    # When it began to wait (monotonic seconds), for room other replicas hold aside.
+    since: float = field(default_factory=time.monotonic)
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -118,6 +128,10 @@ class AdmissionJudge:
             return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
+        if mode == "enforce" and not request.dry_run:
+            granted = self._from_allowance(request, plan, terms)
+            if granted is not None:
+                return granted
         pending = _Pending(request, plan, config, terms, gated)
         self._pending[namespace].append(pending)
         if namespace not in self._committers:
@@ -136,6 +150,42 @@ class AdmissionJudge:
                 limit=verdict.limit,
                 exceeded=verdict.exceeded,
             )
+        return verdict
+
+    def _from_allowance(
+        self, request: AdmissionRequest, plan: Plan, terms: Terms
+    ) -> QuotaVerdict | None:
+        """Admit a pod from the room this replica holds aside in its namespace, without a
+        write; None if it holds too little (the pod is then judged with a write)."""
+        book = self.book
+        allowances = book.allowances
+        namespace = request.namespace
+        remaining = allowances.remaining(namespace)
+        class_name = plan.class_name
+        assert class_name is not None
+        key = _reservation_key(request)
+        again = key in allowances.pending(namespace)  # a retried request: not charged twice
+        if not again and remaining.get(class_name, ZERO) < plan.charge:
+            return None
+        # What the namespace holds but this replica's own room aside: the pod must fit the
+        # limits in force now too (a limit may have been lowered since the room was).
+        in_use = book.in_use(namespace)
+        for name, amount in remaining.items():
+            in_use[name] -= amount
+        verdict = judge(
+            namespace=namespace,
+            class_name=class_name,
+            requested=plan.charge,
+            in_use=in_use,
+            limits=terms.limits,
+            mode="enforce",
+        )
+        if not verdict.allowed:
+            return None
+        made = Reservation(class_name, plan.charge, book.clock(), request.pod_name)
+        if not allowances.grant(namespace, key, made, terms.limits):
+            return None
+        book.counted_aside()
         return verdict
 
     def should_gate(
@@ -165,17 +215,30 @@ class AdmissionJudge:
         try:
             while batch := self._pending.pop(namespace, []):
                 async with self.book.lock(namespace):
-                    await self._commit_batch(namespace, batch)
+                    waiting = await self._commit_batch(namespace, batch)
+                if waiting:  # judged again, first, once the record may have changed
+                    await asyncio.sleep(POLL_SECONDS)
+                    self.book.forget_copy(namespace)
+                    self._pending[namespace][:0] = waiting
         finally:
             del self._committers[namespace]
 
-    async def _commit_batch(self, namespace: str, batch: list[_Pending]) -> None:
+    async def _commit_batch(self, namespace: str, batch: list[_Pending]) -> list[_Pending]:
+        """Judge and store a batch; return the admissions that wait for room other
+        replicas hold aside (their verdicts are not given yet)."""
+        waiting: list[_Pending] = []
         try:
             verdicts = await self.book.compare_and_swap(
                 namespace, lambda: self._judge_and_store(namespace, batch)
             )
+            deadline = time.monotonic() - WAIT_SECONDS
             for pending, verdict in zip(batch, verdicts, strict=True):
-                pending.verdict.set_result(verdict)
+                if isinstance(verdict, _Waits) and pending.since > deadline:
+                    waiting.append(pending)
+                elif isinstance(verdict, _Waits):
+                    pending.verdict.set_result(_held_aside(verdict))
+                else:
+                    pending.verdict.set_result(verdict)
         except RecordBusy as busy:
             for pending in batch:
                 pending.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
@@ -193,13 +256,22 @@ class AdmissionJudge:
             for pending in batch:
                 if not pending.verdict.done():
                     pending.verdict.set_exception(error)
+        return waiting
 
     async def _judge_and_store(self, namespace: str, batch: list[_Pending]) -> list[QuotaVerdict]:
-        """Judge each admission in order against the record and those before it; store once."""
-        record = await self.book.read_copy(namespace)
-        await self.book.catch_up(namespace, record)
-        now = self.book.clock()
-        reservations = self.book.unexpired(record, now)
+        """Judge each admission in order against the record and those before it; store once.
+
+        This replica's room aside goes back to the namespace first, so that the batch may
+        use it; with allowances, what is left after the batch is set aside anew. An
+        admission that does not fit only because of other replicas' room aside is judged
+        `_Waits`."""
+        book = self.book
+        record = await book.read_copy(namespace)
+        await book.catch_up(namespace, record)
+        book.allowances.release(namespace)
+        now = book.clock()
+        reservations = book.unexpired(namespace, record, now)
+        others = book.allowances.others(record.allowances, now)
         verdicts = []
         reserved = False
         joining = self.line.joining(
@@ -208,7 +280,8 @@ class AdmissionJudge:
         # What the namespace holds, summed once a batch and kept up to date as it admits:
         # summing it again for each admission cost a pass over every reservation of the
         # last 90 s, each time.
-        totals = self.book.in_use(namespace, reservations)
+        totals = book.in_use(namespace, reservations, record.allowances)
+        taking: dict[str, Fraction] = {}
         for pending in batch:
             class_name = pending.plan.class_name
             assert class_name is not None
@@ -235,6 +308,12 @@ class AdmissionJudge:
                     limits=pending.terms.limits,
                     mode=pending.terms.mode,
                 )
+                if verdict.exceeded and others and _fits_without(pending, in_use, others):
+                    verdict = _Waits(*_fields(verdict))
+                elif pending.terms.mode == "enforce" and not pending.request.dry_run:
+                    # The most one admission of the class asked for: room aside smaller
+                    # than that would only keep such pods from the other replicas.
+                    taking[class_name] = max(taking.get(class_name, ZERO), pending.plan.charge)
             verdicts.append(verdict)
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
                 made = Reservation(class_name, pending.plan.charge, now, pending.request.pod_name)
@@ -246,9 +325,10 @@ class AdmissionJudge:
                         **in_use,
                         class_name: in_use.get(class_name, Fraction(0)) + pending.plan.charge,
                     }
-        if reserved:
+        take = _to_set_aside(taking, totals, batch[-1].terms) if book.allowances.enabled else {}
+        if reserved or take:
             try:
-                await self.book.write(namespace, reservations, record)
+                await book.write(namespace, reservations, record, take, batch[-1].terms.limits)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
                 self._log_full(namespace, full)
                 return [
@@ -277,6 +357,72 @@ def _when_full(pending: _Pending, verdict: QuotaVerdict, full: RecordFull) -> Qu
         message = f"{full.headline}: the pod waits in line until the record has room"
         return held_in_line(message, pending.config.policy.quota_gate, verdict.limit)
     return QuotaVerdict(False, full.detail, limit=verdict.limit)
+
+
+@dataclass(frozen=True, slots=True)
+class _Waits(QuotaVerdict):
+    """The refusal of an admission that would fit but for room other replicas hold aside:
+    it waits for them to give it back, and is judged again."""
+
+
+def _fields(verdict: QuotaVerdict) -> tuple[Any, ...]:
+    return tuple(getattr(verdict, name.name) for name in fields(QuotaVerdict))
+
+
+def _held_aside(verdict: QuotaVerdict) -> QuotaVerdict:
+    """Return the refusal of an admission that waited in vain for room other replicas hold
+    aside, naming it."""
+    return replace(
+        QuotaVerdict(*_fields(verdict)),
+        message=f"{verdict.message} (of which other gpuadm replicas hold room aside, not "
+        f"given back within {WAIT_SECONDS:g} s; retry)",
+    )
+
+
+def _fits_without(
+    pending: _Pending, in_use: Mapping[str, Fraction], others: Mapping[str, Fraction]
+) -> bool:
+    """Tell whether a refused admission would fit if other replicas held no room aside."""
+    class_name = pending.plan.class_name
+    assert class_name is not None
+    freed = {name: used - others.get(name, ZERO) for name, used in in_use.items()}
+    return judge(
+        namespace=pending.request.namespace,
+        class_name=class_name,
+        requested=pending.plan.charge,
+        in_use=freed,
+        limits=pending.terms.limits,
+        mode=pending.terms.mode,
+    ).allowed
+
+
+def _to_set_aside(
+    taking: Mapping[str, Fraction], totals: Mapping[str, Fraction], terms: Terms
+) -> dict[str, Fraction]:
+    """Return the room to set aside for this replica after a batch: for each class it
+    admitted in enforce mode, half of what is free of it (and of the cap over all classes),
+    if that holds at least the largest pod of the class the batch asked for."""
+    limits = terms.limits
+    if terms.mode != "enforce":
+        return {}
+    cap = limits.get(ALL_CLASSES)
+    free_all = None if cap is None else cap - sum(totals.values(), ZERO)
+    take = {}
+    for class_name, largest in taking.items():
+        limit = limits.get(class_name)
+        free = [
+            room
+            for room in (free_all, None if limit is None else limit - totals.get(class_name, ZERO))
+            if room is not None
+        ]
+        if not free or largest <= 0:
+            continue  # unlimited: nothing to count, so nothing to set aside
+        half = min(free) / 2
+        if half >= largest:
+            take[class_name] = half
+            if free_all is not None:
+                free_all -= half
+    return take
 
 
 def _without(totals: Mapping[str, Fraction], reservation: Reservation) -> dict[str, Fraction]:

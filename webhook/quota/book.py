@@ -19,6 +19,12 @@ resourceVersion of the event that showed it. Every replica judges with a record 
 its own view of pods has reached the record's mark (`catch_up`): the pods whose reservations
 left are then counted as pods. So a write carries only the reservations of pods in flight,
 whatever the namespace's churn, and no judgement misses one.
+
+A record may also set room aside for replicas to admit from without a write
+(`webhook.quota.allowances`): a namespace holds, besides its pods and reservations, all of
+other replicas' allowances, and all of what remains of this replica's. The pods admitted
+from this replica's allowance count as its reservations, and every write of the record
+carries them as such.
 """
 
 from __future__ import annotations
@@ -31,7 +37,9 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
 from webhook.kube.errors import KubeError
+from webhook.quota.allowances import ZERO, Allowances, holder_name
 from webhook.quota.reservations import (
+    Allowance,
     Conflict,
     Mark,
     Record,
@@ -93,9 +101,13 @@ class ReservationBook:
         drop_shown: bool = False,
         catch_up_seconds: float = CATCH_UP_SECONDS,
         relist: Callable[[], None] = lambda: None,
+        allowances: bool = False,
+        holder: str = "",
     ) -> None:
         """Keep records in `store`; with `pods_visible` False (standalone) reservations
-        never expire, and none is ever shown as a pod.
+        never expire, and none is ever shown as a pod. With `allowances` (and pods visible),
+        set room aside for this replica, named after `holder`, to admit from without a
+        write (`webhook.quota.allowances`).
 
         With `drop_shown`, reservations of pods the watch has shown leave the record at the
         next write. Whatever it is, a judgement waits `catch_up_seconds` at most for the
@@ -110,6 +122,12 @@ class ReservationBook:
         self.reservation_ttl = reservation_ttl
         self._store = store
         self._metrics = metrics
+        self.allowances = Allowances(
+            holder_name(holder),
+            enabled=allowances and pods_visible,
+            clock=clock,
+            reservation_ttl=reservation_ttl,
+        )
         self._locks: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         # The record of each namespace as this replica last read or wrote it.
         self._copies: dict[str, Record] = {}
@@ -128,14 +146,35 @@ class ReservationBook:
         return self._copies.get(namespace) or await self._store.read(namespace)
 
     async def write(
-        self, namespace: str, reservations: dict[str, Reservation], read: Record
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        read: Record,
+        take: Mapping[str, Fraction] | None = None,
+        limits: Mapping[str, Fraction] | None = None,
     ) -> None:
         """Write `reservations` over the record `read` (raising `Conflict` if it moved on),
         leaving out those whose pods the watch has shown (with `drop_shown`), and keep a
-        copy."""
+        copy.
+
+        The write also carries the pods admitted from this replica's allowance, as
+        reservations, and the allowance as it stands, with `take` more room set aside
+        under the namespace's `limits` (`Allowances.composed`)."""
+        allowances = self.allowances
+        pending = allowances.pending(namespace)
+        flushed = list(pending)
+        if pending:
+            reservations = {**pending, **reservations}
+        allowance_map, written = allowances.composed(namespace, read, self.clock(), take, limits)
         kept, mark = self.dropping(reservations, read.mark)
-        new_version = await self._store.write(namespace, kept, read.version, mark)
-        self._copies[namespace] = Record(kept, new_version, mark)
+        if allowance_map is None:
+            new_version = await self._store.write(namespace, kept, read.version, mark)
+        else:
+            new_version = await self._store.write(
+                namespace, kept, read.version, mark, allowances=allowance_map
+            )
+        self._copies[namespace] = Record(kept, new_version, mark, allowance_map or {})
+        allowances.stored(namespace, flushed, written)
 
     def dropping(
         self, reservations: dict[str, Reservation], mark: Mark
@@ -190,6 +229,27 @@ class ReservationBook:
                 self._copies.pop(namespace, None)
         raise RecordBusy(namespace)
 
+    async def give_back(self, namespace: str) -> None:
+        """Give this replica's room aside in a namespace back, in one write that also
+        carries the pods admitted from it as reservations (`webhook.quota.allowances`)."""
+
+        async def attempt() -> None:
+            record = await self.read_copy(namespace)
+            self.allowances.release(namespace)
+            await self.write(namespace, self.unexpired(namespace, record, self.clock()), record)
+
+        async with self.lock(namespace):
+            await self.compare_and_swap(namespace, attempt)
+
+    def counted_aside(self) -> None:
+        """Count an admission judged from this replica's room aside, without a write."""
+        if self._metrics is not None:
+            self._metrics.admitted_aside.inc()
+
+    def forget_copy(self, namespace: str) -> None:
+        """Drop this replica's copy of a namespace's record: the next judgement reads it."""
+        self._copies.pop(namespace, None)
+
     async def refresh(self, namespace: str) -> None:
         """Read a namespace's record again, so reports see other replicas' reservations."""
         record = await self._store.read(namespace)
@@ -198,20 +258,27 @@ class ReservationBook:
         else:
             self._copies[namespace] = record
 
-    def unexpired(self, record: Record, now: float) -> dict[str, Reservation]:
-        """Return the reservations of a record that have not expired by `now`."""
+    def unexpired(self, namespace: str, record: Record, now: float) -> dict[str, Reservation]:
+        """Return the reservations of a namespace's record that have not expired by `now`,
+        and the pods admitted from this replica's allowance that it does not hold yet."""
         if not self.pods_visible:
             return dict(record.reservations)
-        return {
+        kept = {
             uid: reservation
             for uid, reservation in record.reservations.items()
             if now - reservation.at < self.reservation_ttl
         }
+        pending = self.allowances.pending(namespace)
+        return {**pending, **kept} if pending else kept
 
     def copied(self, namespace: str) -> dict[str, Reservation]:
-        """Return the unexpired reservations of this replica's copy of a namespace's record."""
+        """Return the unexpired reservations of this replica's copy of a namespace's record
+        (`unexpired`)."""
         record = self._copies.get(namespace)
-        return self.unexpired(record, self.clock()) if record else {}
+        if record is None:
+            pending = self.allowances.pending(namespace)
+            return dict(pending) if self.pods_visible else {}
+        return self.unexpired(namespace, record, self.clock())
 
     def reserved(self, namespace: str) -> dict[str, Reservation]:
         """Return the copied reservations of a namespace that still count (see `counts`)."""
@@ -230,14 +297,30 @@ class ReservationBook:
         )
 
     def in_use(
-        self, namespace: str, reservations: Mapping[str, Reservation] | None = None
+        self,
+        namespace: str,
+        reservations: Mapping[str, Reservation] | None = None,
+        allowances: Mapping[str, Allowance] | None = None,
+        *,
+        set_aside: bool = True,
     ) -> dict[str, Fraction]:
-        """Return what a namespace holds: its pods, and `reservations` (by default those of
-        this replica's copy) not yet shown as pods."""
+        """Return what a namespace holds: its pods, and `reservations` not yet shown as
+        pods, and (with `set_aside`) the room of `allowances` of other replicas and what
+        remains of this replica's. By default, the reservations and allowances of this
+        replica's copy of the record."""
         if reservations is None:
             reservations = self.copied(namespace)
+        if allowances is None:
+            copy = self._copies.get(namespace)
+            allowances = copy.allowances if copy is not None else {}
         usage = self.usage
         totals = dict(usage.in_use(namespace))
+        if set_aside:
+            held = self.allowances
+            for room in (held.others(allowances, self.clock()), held.remaining(namespace)):
+                for class_name, amount in room.items():
+                    if amount:
+                        totals[class_name] = totals.get(class_name, ZERO) + amount
         # Reservations of pods the watch has shown are counted as pods instead (most of
         # them: left out in one pass), and those of pods known gone not at all (`counts`).
         pending = usage.unseen(reservations) if self.pods_visible else reservations
@@ -277,16 +360,19 @@ class ReservationBook:
             try:
                 record = await self._store.read(namespace)
                 now = self.clock()
-                unexpired = self.unexpired(record, now)
+                unexpired = self.unexpired(namespace, record, now)
                 kept, mark = self.dropping(unexpired, record.mark)
                 marked = mark.version and now - mark.at < self.reservation_ttl
-                if not kept and not marked and record.version is not None:
+                set_aside = self.allowances.others(record.allowances, now) or (
+                    self.allowances.held(namespace)
+                )
+                if not kept and not marked and not set_aside and record.version is not None:
                     await self._store.delete(namespace, record.version)
                 elif len(kept) != len(record.reservations):
                     await self.write(namespace, unexpired, record)
             except Conflict:
                 self._copies.pop(namespace, None)
                 return
-        if not kept and not marked:
+        if not kept and not marked and not set_aside:
             # Its lock stays: it may have waiters, and locks exist only for real namespaces.
             self._copies.pop(namespace, None)

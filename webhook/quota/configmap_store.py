@@ -18,6 +18,7 @@ from webhook.kube.rest import AsyncApi
 from webhook.quota.reservations import (
     EMPTY,
     NO_MARK,
+    Allowance,
     Conflict,
     Mark,
     Record,
@@ -32,6 +33,9 @@ DATA_KEY = "reservations.json"
 # The watermark of the reservations that left the record as their pods were shown; absent
 # while none has (`Mark`).
 MARK_KEY = "shown.json"
+# The room set aside for replicas to admit from without a write, by replica; absent while
+# none is (`Allowance`).
+ALLOWANCES_KEY = "allowances.json"
 # The apiserver refuses a ConfigMap whose values take more than 1 MiB in all.
 RECORD_MAX_BYTES = 1024 * 1024
 
@@ -109,7 +113,11 @@ def record_of(config_map: dict[str, Any]) -> Record:
     raw = orjson.loads(data.get(DATA_KEY) or "{}")
     reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
     mark = Mark.from_json(orjson.loads(data[MARK_KEY])) if MARK_KEY in data else NO_MARK
-    return Record(reservations, config_map["metadata"]["resourceVersion"], mark)
+    allowances = {
+        str(holder): Allowance.from_json(entry)
+        for holder, entry in orjson.loads(data.get(ALLOWANCES_KEY) or "{}").items()
+    }
+    return Record(reservations, config_map["metadata"]["resourceVersion"], mark, allowances)
 
 
 class ConfigMapStore:
@@ -134,12 +142,18 @@ class ConfigMapStore:
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         """Create or replace the record at `version`; raise `Conflict` if it moved on, and
         `RecordFull`, writing nothing, if it is larger than a ConfigMap may be."""
         text = self.text.encode(namespace, reservations)
         marked = orjson.dumps(mark.to_json()).decode() if mark != NO_MARK else None
-        if len(text) + len(marked or "") > RECORD_MAX_BYTES:
+        set_aside = (
+            orjson.dumps({holder: a.to_json() for holder, a in allowances.items()}).decode()
+            if allowances
+            else None
+        )
+        if len(text) + len(marked or "") + len(set_aside or "") > RECORD_MAX_BYTES:
             raise RecordFull(namespace, len(reservations), RECORD_MAX_BYTES)
         metadata: dict[str, Any] = {
             "name": record_name(namespace),
@@ -149,6 +163,8 @@ class ConfigMapStore:
         if version is not None:
             metadata["resourceVersion"] = version
         data = {DATA_KEY: ""} if marked is None else {DATA_KEY: "", MARK_KEY: marked}
+        if set_aside is not None:
+            data[ALLOWANCES_KEY] = set_aside
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
         if self._metrics is not None:
             # What the apiserver receives (its request_body_size), counted before it is sent:

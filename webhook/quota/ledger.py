@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
@@ -17,7 +19,9 @@ from typing import TYPE_CHECKING
 from policies import Plan
 from policies.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
+from webhook.kube.errors import KubeError
 from webhook.quota.admissions import AdmissionJudge
+from webhook.quota.allowances import KEEP_SECONDS
 from webhook.quota.book import CATCH_UP_SECONDS, RESERVATION_TTL, ReservationBook
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
@@ -29,6 +33,8 @@ if TYPE_CHECKING:
     from webhook.observe.metrics import Metrics
 
 __all__ = ["RESERVATION_TTL", "QuotaLedger"]
+
+log = logging.getLogger("gpuadm.quota")
 
 
 class QuotaLedger:
@@ -48,6 +54,8 @@ class QuotaLedger:
         drop_shown: bool = False,
         catch_up_seconds: float = CATCH_UP_SECONDS,
         relist: Callable[[], None] = lambda: None,
+        allowances: bool = False,
+        holder: str = "",
     ) -> None:
         """Build a ledger; with `pods_visible` False (standalone) reservations never expire.
 
@@ -55,7 +63,9 @@ class QuotaLedger:
         namespace is real, so that nothing is judged or kept for one that is not. With
         `drop_shown`, reservations leave the record once the watch shows their pods; a
         judgement waits `catch_up_seconds` at most for the watch to reach a record's mark;
-        `relist` asks the pod watch for a full list (`ReservationBook`).
+        `relist` asks the pod watch for a full list (`ReservationBook`). With `allowances`,
+        room is set aside for this replica, named after `holder`, to admit from without a
+        write (`webhook.quota.allowances`); `keep_allowances` must then run.
         """
         self.book = ReservationBook(
             usage,
@@ -67,6 +77,8 @@ class QuotaLedger:
             drop_shown=drop_shown,
             catch_up_seconds=catch_up_seconds,
             relist=relist,
+            allowances=allowances,
+            holder=holder,
         )
         self.line = QueueLine(self.book, usage)
         self.judge = AdmissionJudge(
@@ -84,3 +96,21 @@ class QuotaLedger:
     ) -> QuotaVerdict | None:
         """Judge the pod and reserve its charge (`AdmissionJudge.admit`)."""
         return await self.judge.admit(request, plan, config)
+
+    async def keep_allowances(self, progress: Callable[[], None]) -> None:
+        """Give back this replica's room aside in each namespace once it is idle or near
+        its end, every `KEEP_SECONDS`; a pass that could not give one back goes on with
+        the others, and then raises the first failure, for the supervisor to log and retry.
+        """
+        book = self.book
+        while True:
+            await asyncio.sleep(KEEP_SECONDS)
+            failed: KubeError | None = None
+            for namespace in book.allowances.due(book.clock()):
+                try:
+                    await book.give_back(namespace)
+                except KubeError as error:  # unreachable, busy or full: the room stays held
+                    failed = failed or error
+            if failed is not None:
+                raise failed
+            progress()

@@ -154,7 +154,7 @@ class QueueLine:
         record = await self._book.read(namespace)
         await self._book.catch_up(namespace, record)
         now = self._book.clock()
-        reservations = self._book.unexpired(record, now)
+        reservations = self._book.unexpired(namespace, record, now)
         line = self._usage.line(namespace)
         # Only the record is visited, and the pods of the line it charges: never the line.
         in_line = line.present(reservations)
@@ -172,7 +172,7 @@ class QueueLine:
         else:
             walked = line.walk(
                 namespace,
-                self._book.in_use(namespace, reservations),
+                self._book.in_use(namespace, reservations, record.allowances),
                 limits,
                 excluded=in_line | line.present(skip),
                 most=budget,

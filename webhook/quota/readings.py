@@ -35,7 +35,7 @@ def quota_readings(book: ReservationBook, quotas: QuotaConfig) -> list[QuotaRead
     readings = []
     for namespace in sorted(namespaces):
         limits = quotas.limits_for(namespace)
-        for class_name, used in sorted(book.in_use(namespace).items()):
+        for class_name, used in sorted(book.in_use(namespace, set_aside=False).items()):
             limit = limits.get(class_name)
             readings.append(
                 QuotaReading(

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Protocol
 
@@ -143,13 +144,50 @@ NO_MARK = Mark()
 
 
 @dataclass(frozen=True, slots=True)
+class Allowance:
+    """Room of a namespace set aside for one replica, which admits pods from it without a
+    write of the record (`webhook.quota.allowances`).
+
+    Every other replica counts all of it as held, until its holder writes it smaller or
+    away, or until `until` plus the reservations' lifetime has passed: the holder admits
+    from it only before `until` by its own clock, and a pod it admitted then is stored, or
+    never will be, well within that lifetime.
+    """
+
+    room: Mapping[str, Fraction]
+    """GPUs set aside, per class."""
+    until: float
+    """The holder admits from it only before this moment (seconds since the epoch)."""
+
+    def to_json(self) -> dict[str, Any]:
+        """Return the allowance as stored in the record."""
+        return {
+            "room": {name: _written(amount) for name, amount in sorted(self.room.items())},
+            "until": self.until,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Allowance:
+        """Read an allowance back from the record."""
+        room = data["room"]
+        if not isinstance(room, dict):
+            raise ValueError("an allowance's room is not a mapping")
+        amounts = {str(name): _read(str(amount)) for name, amount in room.items()}
+        if any(amount < 0 for amount in amounts.values()):
+            raise ValueError("an allowance's room is negative")
+        return cls(amounts, float(data["until"]))
+
+
+@dataclass(frozen=True, slots=True)
 class Record:
-    """A namespace's reservations by pod uid, the version they were read at, and the mark
-    of the reservations that left it as their pods were shown."""
+    """A namespace's reservations by pod uid, the version they were read at, the mark of
+    the reservations that left it as their pods were shown, and the room set aside for
+    replicas by their names (`Allowance`)."""
 
     reservations: dict[str, Reservation]
     version: str | None = None
     mark: Mark = NO_MARK
+    allowances: Mapping[str, Allowance] = field(default_factory=dict)
 
 
 EMPTY = Record({})
@@ -168,8 +206,10 @@ class ReservationStore(Protocol):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
-        """Replace the record if it is still at `version`; return the new version."""
+        """Replace the record if it is still at `version`; return the new version. The
+        book passes `allowances` only when a record has or gets some."""
         ...
 
     async def delete(self, namespace: str, version: str) -> None:
@@ -206,6 +246,7 @@ class MemoryStore:
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         """Replace the record if it is still at `version`."""
         await asyncio.sleep(0)
@@ -214,7 +255,9 @@ class MemoryStore:
             raise Conflict(namespace)
         new_version = str(self._next_version)
         self._next_version += 1
-        self._records[namespace] = Record(dict(reservations), new_version, mark)
+        self._records[namespace] = Record(
+            dict(reservations), new_version, mark, dict(allowances or {})
+        )
         self.writes += 1
         return new_version
 

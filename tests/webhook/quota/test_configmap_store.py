@@ -14,13 +14,14 @@ from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.observe.metrics import Metrics
 from webhook.quota.configmap_store import (
+    ALLOWANCES_KEY,
     DATA_KEY,
     RECORD_MAX_BYTES,
     ConfigMapStore,
     RecordText,
     record_of,
 )
-from webhook.quota.reservations import Conflict, Record, RecordFull, Reservation
+from webhook.quota.reservations import Allowance, Conflict, Record, RecordFull, Reservation
 
 
 def reservation(at: float, charge: str = "1", pod: str = "p") -> Reservation:
@@ -199,3 +200,37 @@ async def test_a_record_refused_as_full_is_not_counted_as_written() -> None:
         await store.write("team-a", record, "41")
     assert api.sent == []
     assert bytes_written(metrics) == 0
+
+
+async def test_room_aside_reads_back_as_written_and_leaves_no_key_once_gone() -> None:
+    api = SentBodies()
+    store = ConfigMapStore(api=api, namespace="gpuadm-system")
+    aside = {"gpuadm-a1": Allowance({"h100": Fraction(9, 2), "a100": Fraction(1, 3)}, 1e9 + 0.25)}
+    kept = {"uid-1": reservation(1e9)}
+    await store.write("team-a", kept, "3", allowances=aside)
+    sent = orjson.loads(api.sent[-1])
+    assert record_of(sent | {"metadata": {"resourceVersion": "4"}}) == Record(
+        kept, "4", allowances=aside
+    )
+    await store.write("team-a", kept, "4", allowances={})
+    await store.write("team-a", kept, "5")
+    assert [ALLOWANCES_KEY in orjson.loads(body)["data"] for body in api.sent] == [
+        True,
+        False,
+        False,
+    ]
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        {"room": {"h100": "-1"}, "until": 1},
+        {"room": {"h100": "lots"}, "until": 1},
+        {"room": ["h100"], "until": 1},
+        {"room": {"h100": "1"}},
+    ],
+)
+def test_room_aside_that_cannot_be_read_is_refused_not_taken_as_none(entry: Any) -> None:
+    data = {DATA_KEY: "{}", ALLOWANCES_KEY: orjson.dumps({"gpuadm-a1": entry}).decode()}
+    with pytest.raises((ValueError, KeyError)):
+        record_of({"data": data, "metadata": {"resourceVersion": "1"}})

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import re
 import uuid
+from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -19,7 +20,14 @@ from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.readings import quota_readings
-from webhook.quota.reservations import NO_MARK, Mark, MemoryStore, RecordFull, Reservation
+from webhook.quota.reservations import (
+    NO_MARK,
+    Allowance,
+    Mark,
+    MemoryStore,
+    RecordFull,
+    Reservation,
+)
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -294,6 +302,7 @@ class UnreachableStore(MemoryStore):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         raise KubeError(0, "connection refused")
 
@@ -322,10 +331,11 @@ class SmallStore(MemoryStore):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         if len(reservations) > self.room:
             raise RecordFull(namespace, len(reservations), 1024 * 1024)
-        return await super().write(namespace, reservations, version, mark)
+        return await super().write(namespace, reservations, version, mark, allowances)
 
 
 async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empties(

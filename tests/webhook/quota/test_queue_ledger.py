@@ -6,7 +6,7 @@ import asyncio
 import copy
 import functools
 import itertools
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 from fractions import Fraction
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import (
     NO_MARK,
     STORED_DIGITS,
+    Allowance,
     Conflict,
     Mark,
     MemoryStore,
@@ -746,11 +747,12 @@ class FailingStore(MemoryStore):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         failure, self.failure = self.failure, None
         if failure is not None:
             raise failure
-        return await super().write(namespace, reservations, version, mark)
+        return await super().write(namespace, reservations, version, mark, allowances)
 
 
 @pytest.mark.parametrize(
@@ -1033,11 +1035,12 @@ class OvertakenStore(MemoryStore):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         if self.overtaken:
             self.conflicts += 1
             raise Conflict(namespace)
-        return await super().write(namespace, reservations, version, mark)
+        return await super().write(namespace, reservations, version, mark, allowances)
 
 
 async def test_a_record_that_stays_busy_ends_each_kind_of_write_after_ten_lost_races(
@@ -1086,10 +1089,11 @@ class FullStore(MemoryStore):
         reservations: dict[str, Reservation],
         version: str | None,
         mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
         if reservations:
             raise RecordFull(namespace, len(reservations), 1024 * 1024)
-        return await super().write(namespace, reservations, version, mark)
+        return await super().write(namespace, reservations, version, mark, allowances)
 
 
 async def test_a_pod_created_behind_the_gate_waits_while_the_record_is_full() -> None:
