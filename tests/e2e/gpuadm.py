@@ -95,6 +95,12 @@ class GpuadmProcess:
             lambda: self._get("/healthz")[0] == 200, f"gpuadm on port {self.port}", self.log_tail
         )
 
+    def restart(self, extra_args: Sequence[str]) -> None:
+        """Stop the process and start it again with `extra_args` after the suite's own."""
+        self.stop()
+        self._extra_args = tuple(extra_args)
+        self.start()
+
     def kill(self) -> None:
         """Kill the process at once (SIGKILL), as a node failure would: no clean shutdown."""
         if self.process is not None and self.process.poll() is None:

@@ -1,0 +1,198 @@
+"""Room set aside for replicas (`gpuadm serve --quota-allowances`) on a real apiserver: the
+quota fills exactly with admissions that write nothing, and a replica killed while holding
+room never lets more in than fit."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import ssl
+import threading
+import time
+from collections.abc import Iterator
+
+import aiohttp
+import kubernetes.client
+import orjson
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from tests.e2e.cluster import ControlPlane
+from tests.e2e.fixtures import Deployment, pod_body
+from tests.e2e.gpuadm import DROP_SHOWN, NAMESPACE, GpuadmProcess, wait_until
+from tests.e2e.test_quota import create_retrying, quota
+from webhook.quota.allowances import ALLOWANCE_SECONDS
+from webhook.quota.book import RESERVATION_TTL
+from webhook.quota.configmap_store import ALLOWANCES_KEY, record_name
+
+ASIDE = (*DROP_SHOWN, "--quota-allowances")
+ADMITTED_ASIDE = "gpuadm_quota_admitted_from_room_aside_total"
+
+
+@pytest.fixture(scope="module")
+def aside(gpuadm: Deployment) -> Iterator[Deployment]:
+    """The suite's three replicas, restarted with room set aside; as they were after."""
+    for process in gpuadm.processes:
+        process.restart(ASIDE)
+    for process in gpuadm.processes:
+        wait_until(process.ready, "a replica with room aside ready", process.log_tail)
+    try:
+        yield gpuadm
+    finally:
+        for process in gpuadm.processes:
+            process.restart(DROP_SHOWN)
+        for process in gpuadm.processes:
+            wait_until(process.ready, "a replica back as it was", process.log_tail)
+        gpuadm.route(len(gpuadm.processes))
+
+
+def set_aside(core: kubernetes.client.CoreV1Api, namespace: str) -> dict[str, object]:
+    """Return the room the namespace's usage record sets aside, by replica."""
+    try:
+        record = core.read_namespaced_config_map(record_name(namespace), NAMESPACE)
+    except ApiException as error:
+        if error.status == 404:
+            return {}
+        raise
+    found: dict[str, object] = orjson.loads((record.data or {}).get(ALLOWANCES_KEY) or "{}")
+    return found
+
+
+def admitted_aside(processes: list[GpuadmProcess]) -> list[float]:
+    return [p.metric(ADMITTED_ASIDE) for p in processes]
+
+
+def holder_names(processes: list[GpuadmProcess]) -> dict[str, GpuadmProcess]:
+    """Return each replica by the name it sets room aside under, as it logs it at start."""
+    found = {}
+    for process in processes:
+        match = re.search(r"sets room aside as ([\w.-]+)", process.log_path.read_text())
+        assert match, f"replica on port {process.port} never said its name"
+        found[match[1]] = process
+    return found
+
+
+async def streams_of_creates(
+    plane: ControlPlane, namespace: str, streams: int, each: int, *, prefix: str = "stream"
+) -> list[int]:
+    """Create one-GPU pods in `streams` concurrent streams of `each` creates one after
+    another, as controllers do; return every create's status."""
+    context = ssl.create_default_context(cafile=plane.ca_file)
+    headers = {"Authorization": f"Bearer {plane.token}"}
+    url = f"{plane.url}/api/v1/namespaces/{namespace}/pods"
+    connector = aiohttp.TCPConnector(ssl=context, limit=streams)
+    statuses: list[int] = []
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
+
+        async def stream(index: int) -> None:
+            for n in range(each):
+                body = pod_body({"gpuadm.io/h100": "1"}, name=f"{prefix}-{index}-{n}")
+                async with session.post(url, json=body) as response:
+                    message = str((await response.json()).get("message", ""))
+                    if response.status not in (201, 403) or (
+                        response.status == 403 and "quota exceeded" not in message
+                    ):
+                        raise AssertionError(f"{response.status}: {message}")
+                    statuses.append(response.status)
+
+        await asyncio.gather(*(stream(i) for i in range(streams)))
+    return statuses
+
+
+def test_streams_of_creates_through_three_replicas_fill_the_quota_exactly_mostly_unwritten(
+    aside: Deployment, control_plane: ControlPlane, namespace: str
+) -> None:
+    aside.set_quotas(quota(namespace, h100=30))
+    before = admitted_aside(aside.processes)
+    started = time.monotonic()
+    statuses = asyncio.run(streams_of_creates(control_plane, namespace, streams=3, each=20))
+    elapsed = time.monotonic() - started
+    after = admitted_aside(aside.processes)
+    unwritten = [a - b for a, b in zip(after, before, strict=True)]
+    stored = aside.core.list_namespaced_pod(namespace).items
+    print(
+        f"\n3 streams of 20 against room for 30: {statuses.count(201)} admitted, "
+        f"{len(stored)} stored, {unwritten} admitted from room aside, {elapsed:.2f} s"
+    )
+    assert statuses.count(201) == 30
+    assert len(stored) == 30
+    assert sum(unwritten) > 0, "no admission was judged from room aside: no test"
+    # Each replica gives its room back once idle: the record sets none aside soon after.
+    wait_until(lambda: not set_aside(aside.core, namespace), "the room aside given back")
+
+
+def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
+    aside: Deployment, control_plane: ControlPlane, namespace: str
+) -> None:
+    """120 creates in waves against room for 40, through three replicas, retried as clients
+    retry. Mid-burst, the first replica the record sets room aside for is killed at once.
+    Never more than 40 pods are stored; the killed replica's room is held until its
+    allowance ended and a reservation's lifetime passed, and then the quota fills exactly."""
+    aside.set_quotas(quota(namespace, h100=40))
+    names = holder_names(aside.processes)
+    answered = threading.Event()
+    outcomes = {"admitted": 0, "refused": 0, "retried": 0}
+    killed: list[GpuadmProcess] = []
+    when: dict[str, float] = {}
+
+    def kill_a_holder() -> None:
+        answered.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            holders = [name for name in set_aside(aside.core, namespace) if name in names]
+            if holders:
+                break
+        else:
+            return
+        victim = names[holders[0]]
+        victim.kill()
+        when["killed"] = time.time()
+        when["answered"] = outcomes["admitted"] + outcomes["refused"]
+        # Killed holding room (not just after giving it back): the record still sets it aside.
+        when["held when killed"] = holders[0] in set_aside(aside.core, namespace)
+        killed.append(victim)
+        time.sleep(1)  # as a Service stops routing to a pod that fails its probes
+        aside.balancer.route_to([p.port for p in aside.processes if p is not victim])
+
+    killer = threading.Thread(target=kill_a_holder)
+    killer.start()
+    try:
+        asyncio.run(
+            create_retrying(control_plane, namespace, 120, outcomes, answered=answered, after=30)
+        )
+        killer.join()
+        stored = len(aside.core.list_namespaced_pod(namespace).items)
+        print(f"\nholder killed mid-burst: {outcomes}, {when}, {stored} stored")
+        assert outcomes["admitted"] + outcomes["refused"] == 120
+        assert outcomes["admitted"] == stored
+        assert stored <= 40
+        assert killed, "no replica ever held room aside: no test"
+        assert when["answered"] < 100, "killed after the burst: no test"
+        assert when["held when killed"], "killed just after it gave its room back: no test"
+        # The room the killed replica held aside comes back once it could have admitted no
+        # more (its allowance ended) and any pod it admitted is stored or never will be: not
+        # before, since the last pod needs some of it (the room aside counts whole beside
+        # the pods admitted from it), and not much later.
+        held_until = when["killed"] + ALLOWANCE_SECONDS + RESERVATION_TTL + 2
+        added = 0
+        while stored + added < 40:
+            assert time.time() < held_until + 30, f"the quota never filled: {stored + added}"
+            status = asyncio.run(
+                streams_of_creates(control_plane, namespace, 1, 1, prefix=f"late-{added}")
+            )[0]
+            added += status == 201
+            if status != 201:
+                time.sleep(1)
+        filled = time.time() - when["killed"]
+        print(f"the quota filled {filled:.1f} s after the kill")
+        assert RESERVATION_TTL - 1 <= filled <= ALLOWANCE_SECONDS + RESERVATION_TTL + 30
+        assert asyncio.run(streams_of_creates(control_plane, namespace, 1, 1, prefix="over")) == [
+            403
+        ]
+        assert len(aside.core.list_namespaced_pod(namespace).items) == 40
+    finally:
+        killer.join()
+        for victim in killed:
+            victim.start()
+            wait_until(victim.ready, "the killed replica back", victim.log_tail)
+        aside.route(len(aside.processes))
