@@ -171,7 +171,7 @@ class AdmissionJudge:
         # limits in force now too (a limit may have been lowered since the room was).
         in_use = book.in_use(namespace)
         for name, amount in remaining.items():
-            in_use[name] -= amount
+            in_use[name] = in_use.get(name, ZERO) - amount
         verdict = judge(
             namespace=namespace,
             class_name=class_name,
@@ -268,7 +268,9 @@ class AdmissionJudge:
         book = self.book
         record = await book.read_copy(namespace)
         await book.catch_up(namespace, record)
-        book.allowances.release(namespace)
+        # Nothing awaits from here to the write (or to `restore`): no pod is admitted from
+        # the room meanwhile.
+        aside = book.allowances.release(namespace)
         now = book.clock()
         reservations = book.unexpired(namespace, record, now)
         others = book.allowances.others(record.allowances, now)
@@ -335,6 +337,8 @@ class AdmissionJudge:
                     _when_full(pending, verdict, full)
                     for pending, verdict in zip(batch, verdicts, strict=True)
                 ]
+        else:  # dry runs and refusals only: the room aside serves on
+            book.allowances.restore(namespace, aside)
         return verdicts
 
     def _log_full(self, namespace: str, full: RecordFull) -> None:

@@ -153,12 +153,31 @@ class Allowances:
         held.last_grant = reservation.at
         return True
 
-    def release(self, namespace: str) -> None:
+    def release(self, namespace: str) -> dict[str, Fraction]:
         """Stop admitting from this replica's allowance in a namespace: its room goes back
-        to the namespace at the next write (until then the record still holds it)."""
+        to the namespace at the next write (until then the record still holds it). Return
+        what remained, for `restore` if no write follows."""
         held = self._held.get(namespace)
-        if held is not None:
-            held.remaining = {}
+        if held is None:
+            return {}
+        remaining, held.remaining = held.remaining, {}
+        return remaining
+
+    def restore(self, namespace: str, remaining: dict[str, Fraction]) -> None:
+        """Admit from the room `release` returned again: no write gave it back."""
+        held = self._held.get(namespace)
+        if held is not None and remaining:
+            held.remaining = remaining
+
+    def unsure(self, namespace: str, written: Written) -> None:
+        """Remember that a write may have stored room that this replica does not count as
+        its own (the apiserver failed to answer, not refused): the keeper gives it back."""
+        if not written.stored:
+            return
+        held = self._held.setdefault(namespace, Held())
+        for class_name, amount in written.stored.items():
+            held.stored[class_name] = max(held.stored.get(class_name, ZERO), amount)
+        held.until = max(held.until, written.until)
 
     def others(self, allowances: Mapping[str, Allowance], now: float) -> dict[str, Fraction]:
         """Return the room other replicas' allowances hold, per class: all of each, until
@@ -220,6 +239,8 @@ class Allowances:
             held.pending.pop(key, None)
         for class_name, amount in written.took.items():
             held.remaining[class_name] = held.remaining.get(class_name, ZERO) + amount
+        if written.took:  # idle from now: room just set aside is not given back at once
+            held.last_grant = self.clock()
         held.until = written.until
         held.stored = written.stored
         if written.limits is not None:

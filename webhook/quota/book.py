@@ -43,6 +43,7 @@ from webhook.quota.reservations import (
     Conflict,
     Mark,
     Record,
+    RecordFull,
     Reservation,
     ReservationStore,
 )
@@ -167,12 +168,18 @@ class ReservationBook:
             reservations = {**pending, **reservations}
         allowance_map, written = allowances.composed(namespace, read, self.clock(), take, limits)
         kept, mark = self.dropping(reservations, read.mark)
-        if allowance_map is None:
-            new_version = await self._store.write(namespace, kept, read.version, mark)
-        else:
-            new_version = await self._store.write(
-                namespace, kept, read.version, mark, allowances=allowance_map
-            )
+        try:
+            if allowance_map is None:
+                new_version = await self._store.write(namespace, kept, read.version, mark)
+            else:
+                new_version = await self._store.write(
+                    namespace, kept, read.version, mark, allowances=allowance_map
+                )
+        except (Conflict, RecordFull):
+            raise  # refused: nothing was stored
+        except KubeError:
+            allowances.unsure(namespace, written)  # it may have been stored all the same
+            raise
         self._copies[namespace] = Record(kept, new_version, mark, allowance_map or {})
         allowances.stored(namespace, flushed, written)
 

@@ -36,6 +36,11 @@ __all__ = ["RESERVATION_TTL", "QuotaLedger"]
 
 log = logging.getLogger("gpuadm.quota")
 
+# A namespace whose room aside could not be given back is tried again after this long, and
+# its failure logged once a minute at most.
+RETRY_SECONDS = 1.0
+FAILED_LOG_SECONDS = 60.0
+
 
 class QuotaLedger:
     """One replica's quota: a `QuotaGate` (its judge), its book and its line."""
@@ -99,18 +104,34 @@ class QuotaLedger:
 
     async def keep_allowances(self, progress: Callable[[], None]) -> None:
         """Give back this replica's room aside in each namespace once it is idle or near
-        its end, every `KEEP_SECONDS`; a pass that could not give one back goes on with
-        the others, and then raises the first failure, for the supervisor to log and retry.
+        its end, every `KEEP_SECONDS`.
+
+        A namespace whose room cannot be given back (the apiserver unreachable, the record
+        busy, full or unreadable) is logged, once a minute at most, and tried again after
+        `RETRY_SECONDS`; the others go on meanwhile. Its room stays counted as held by the
+        other replicas, until its end plus the reservations' lifetime at most.
         """
         book = self.book
+        retry_at: dict[str, float] = {}
+        logged: dict[str, float] = {}
         while True:
             await asyncio.sleep(KEEP_SECONDS)
-            failed: KubeError | None = None
+            now = time.monotonic()
             for namespace in book.allowances.due(book.clock()):
+                if retry_at.get(namespace, 0.0) > now:
+                    continue
                 try:
                     await book.give_back(namespace)
-                except KubeError as error:  # unreachable, busy or full: the room stays held
-                    failed = failed or error
-            if failed is not None:
-                raise failed
+                    retry_at.pop(namespace, None)
+                    logged.pop(namespace, None)
+                except Exception as error:
+                    retry_at[namespace] = now + RETRY_SECONDS
+                    if now - logged.get(namespace, float("-inf")) >= FAILED_LOG_SECONDS:
+                        logged[namespace] = now
+                        log.warning(
+                            "cannot give back the room set aside in namespace %s: %s",
+                            namespace,
+                            getattr(error, "detail", None) or error,
+                            exc_info=not isinstance(error, KubeError),
+                        )
             progress()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from fractions import Fraction
 from typing import Any
 
@@ -14,13 +14,15 @@ import pytest
 
 from policies import plan, require_fixed_point
 from tests.webhook.quota.test_ledger import QUOTAS, admit, config, judged, request, stored_pod
+from webhook.kube.errors import KubeError
 from webhook.quota import admissions as admissions_module
 from webhook.quota.allowances import ALLOWANCE_SECONDS, WAIT_SECONDS, Allowances
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import Allowance, MemoryStore, Record
+from webhook.quota.reservations import NO_MARK, Allowance, Mark, MemoryStore, Record, Reservation
 from webhook.quota.usage import UsageIndex
 
 H100 = {"gpuadm.io/h100": "1"}
+A100 = {"gpuadm.io/a100": "1"}
 
 
 def ledger(
@@ -312,6 +314,104 @@ async def test_dry_runs_and_warn_mode_take_no_room_aside() -> None:
     warn = "mode: warn\n" + QUOTAS
     assert await admit(quota, stored_pod(H100, namespace="team-w"), quotas=warn)
     assert all(not r.allowances for r in [await store.read(n) for n in ("team-a", "team-w")])
+
+
+async def test_room_just_set_aside_is_not_given_back_before_the_next_pod_can_use_it() -> None:
+    """A pod every 100 ms: the keeper gives room back only once it has been idle 0.2 s."""
+    store = MemoryStore()
+    quota = ledger(store)
+    async with keeping(quota):
+        for _ in range(5):
+            assert await admit(quota, stored_pod(H100))
+            await asyncio.sleep(0.1)
+    assert store.writes == 1, f"{store.writes} writes for 5 pods"
+
+
+async def test_room_of_a_class_used_up_whose_pods_are_gone_leaves_the_others_judged() -> None:
+    store, usage = MemoryStore(), UsageIndex()
+    quota = ledger(store, usage=usage)
+    two = QUOTAS.replace("a100: 1", "a100: 5")
+    first = [stored_pod(A100), stored_pod(H100)]
+    assert all(await asyncio.gather(*(admit(quota, body, quotas=two) for body in first)))
+    assert quota.book.allowances.remaining("team-a") == {"a100": 2, "h100": Fraction(9, 2)}
+    more = [stored_pod(A100) for _ in range(2)]
+    for body in more:
+        assert await admit(quota, body, quotas=two)
+    assert quota.book.allowances.remaining("team-a")["a100"] == 0
+    snapshot = config(two)
+    for body in [first[0], *more]:  # shown, then gone: a short job
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=quota.book.clock())
+        usage.forget(body["metadata"]["uid"])
+    assert await admit(quota, stored_pod(H100), quotas=two)
+
+
+async def test_room_is_not_used_past_its_end_even_when_never_given_back() -> None:
+    skipped = [0.0]
+
+    def clock() -> float:
+        return time.time() + skipped[0]
+
+    store = MemoryStore()
+    a, b = ledger(store, clock=clock), ledger(store, clock=clock)
+    assert await admit(a, stored_pod(H100))  # 1 reserved, 4.5 aside; no keeper runs
+    skipped[0] = ALLOWANCE_SECONDS + 91  # a's room and reservation no longer count
+    assert [await admit(b, stored_pod(H100)) for _ in range(10)] == [True] * 10
+    assert not await admit(a, stored_pod(H100)), "a admitted from room past its end"
+
+
+async def test_a_dry_run_or_a_refusal_keeps_the_room_aside() -> None:
+    store = MemoryStore()
+    quota = ledger(store)
+    assert await admit(quota, stored_pod(H100))  # one write, 4.5 aside
+    assert (await judged(quota, stored_pod(H100), config(), dry_run=True)).allowed
+    assert not await admit(quota, stored_pod({"gpuadm.io/h100": "10"}))  # 11 of 10: no write
+    assert await admit(quota, stored_pod(H100))
+    assert store.writes == 1, "the room aside was thrown away: the next pod wrote"
+
+
+async def test_the_cap_over_all_classes_bounds_the_room_set_aside() -> None:
+    store = MemoryStore()
+    quota = ledger(store)
+    capped = QUOTAS.replace("team-a: {h100: 10, a100: 1}", 'team-a: {h100: 10, a100: 5, "*": 6}')
+    both = [stored_pod(A100), stored_pod(H100)]
+    assert all(await asyncio.gather(*(admit(quota, body, quotas=capped) for body in both)))
+    # 4 free under the cap: half of it, 2, for a100; half of the 2 left, 1, for h100.
+    assert quota.book.allowances.remaining("team-a") == {"a100": 2, "h100": 1}
+    results = [await admit(quota, stored_pod(H100), quotas=capped) for _ in range(6)]
+    assert results == [True] * 4 + [False] * 2
+
+
+async def test_room_a_write_may_have_stored_unanswered_is_given_back() -> None:
+    """The apiserver stored a write but its answer was lost: the replica does not count the
+    room as its own, and the keeper gives it back rather than leave it held 90 s."""
+    store = LostAnswers()
+    quota = ledger(store)
+    store.lose = 1
+    assert not await admit(quota, stored_pod(H100))  # stored, but refused with "retry"
+    assert (await store.read("team-a")).allowances
+    async with keeping(quota):
+        record = await settled(store)
+    assert len(record.reservations) == 1  # the pod refused for nothing holds it 90 s at most
+
+
+class LostAnswers(MemoryStore):
+    """A store that loses the answer of the next `lose` writes, after storing them."""
+
+    lose = 0
+
+    async def write(
+        self,
+        namespace: str,
+        reservations: dict[str, Reservation],
+        version: str | None,
+        mark: Mark = NO_MARK,
+        allowances: Mapping[str, Allowance] | None = None,
+    ) -> str:
+        version = await super().write(namespace, reservations, version, mark, allowances)
+        if self.lose:
+            self.lose -= 1
+            raise KubeError(504, "the apiserver timed out")
+        return version
 
 
 def test_others_room_counts_until_its_end_plus_the_reservations_lifetime() -> None:
