@@ -1,7 +1,9 @@
 """Who answers the apiserver's webhook calls in the benchmark.
 
 - gpuadm: `REPLICAS` `gpuadm serve` processes in cluster mode behind the end-to-end suite's
-  balancer, registered with the webhook configurations deploy/ ships, as the suite does.
+  balancer, registered with the webhook configurations deploy/ ships, as the suite does;
+  with `BENCH_ARGS`, as a cluster runs them once no older replica is left: reservations
+  leave the record once shown, and room is set aside so that most admissions write nothing.
 - Two webhooks that do nothing: the bench's bare handler, registered for the namespaces that
   carry `NOOP_LABEL`. A create through them pays the two round trips that any admission
   webhook costs the apiserver, and nothing else, which splits gpuadm's overhead into what
@@ -24,6 +26,7 @@ from bench.server import Served
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import Deployment, pod_body
 from tests.e2e.gpuadm import (
+    DROP_SHOWN,
     Balancer,
     GpuadmProcess,
     make_tls,
@@ -34,6 +37,7 @@ from tests.e2e.gpuadm import (
 )
 
 REPLICAS = 3
+BENCH_ARGS = (*DROP_SHOWN, "--quota-allowances")
 NOOP_LABEL = "bench.gpuadm.io/noop-webhooks"
 NOOP_NAMES = {
     "Mutating": "mutate.noop.bench.gpuadm.io",
@@ -61,7 +65,10 @@ def gpuadm_replicas(
     core = kubernetes.client.CoreV1Api(api)
     tls = make_tls(workdir / "tls")
     put_configmap(core, "gpuadm-quotas", "quotas.yaml", quotas)
-    processes = [GpuadmProcess(plane, tls, workdir, index) for index in range(REPLICAS)]
+    processes = [
+        GpuadmProcess(plane, tls, workdir, index, extra_args=BENCH_ARGS)
+        for index in range(REPLICAS)
+    ]
     balancer = Balancer()
     balancer.start()
     try:
