@@ -327,8 +327,18 @@ class AdmissionJudge:
                         **in_use,
                         class_name: in_use.get(class_name, Fraction(0)) + pending.plan.charge,
                     }
-        take = _to_set_aside(taking, totals, batch[-1].terms) if book.allowances.enabled else {}
-        if reserved or take:
+        # A pod that waits for room others hold says so in the record, and then no replica
+        # sets room aside until it is judged again: what they give back stays free for it.
+        allowances = book.allowances
+        waits = any(isinstance(verdict, _Waits) for verdict in verdicts)
+        tell = allowances.wait(namespace, now + WAIT_SECONDS) if waits else False
+        if not waits:
+            allowances.waited(namespace)
+        may_take = allowances.enabled and not waits
+        if may_take and allowances.others_wait(record.allowances, now):
+            may_take = False
+        take = _to_set_aside(taking, totals, batch[-1].terms) if may_take else {}
+        if reserved or take or tell:
             try:
                 await book.write(namespace, reservations, record, take, batch[-1].terms.limits)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s

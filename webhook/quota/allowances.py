@@ -79,6 +79,10 @@ class Held:
     limits: Mapping[str, Fraction] = field(default_factory=dict)
     """The namespace's limits when the room was set aside: admit from it only under these
     (a lowered limit may leave less room than it holds)."""
+    wants: float = 0.0
+    """Until this moment, a pod of this replica waits for room others hold aside."""
+    wants_stored: float = 0.0
+    """The `wants` the record holds under this replica's name, as last written."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +93,7 @@ class Written:
     until: float
     stored: dict[str, Fraction]
     limits: Mapping[str, Fraction] | None
+    wants: float
 
 
 class Allowances:
@@ -179,6 +184,28 @@ class Allowances:
             held.stored[class_name] = max(held.stored.get(class_name, ZERO), amount)
         held.until = max(held.until, written.until)
 
+    def wait(self, namespace: str, until: float) -> bool:
+        """Say that a pod of this replica waits, until `until`, for room other replicas hold
+        aside; return whether the record should be told (it does not say so yet)."""
+        held = self._held.setdefault(namespace, Held())
+        held.wants = until
+        return held.wants_stored <= self.clock()
+
+    def waited(self, namespace: str) -> None:
+        """Say that no pod of this replica waits for room others hold aside any more (the
+        record is told at the next write, or the wish ends by itself)."""
+        held = self._held.get(namespace)
+        if held is not None:
+            held.wants = 0.0
+
+    def others_wait(self, allowances: Mapping[str, Allowance], now: float) -> bool:
+        """Tell whether a pod of another replica waits for room held aside: then no room is
+        set aside, so that what is given back stays free for it."""
+        return any(
+            holder != self.holder and allowance.wants > now
+            for holder, allowance in allowances.items()
+        )
+
     def others(self, allowances: Mapping[str, Allowance], now: float) -> dict[str, Fraction]:
         """Return the room other replicas' allowances hold, per class: all of each, until
         it is written away or its holder may have admitted its last pod from it long ago."""
@@ -215,14 +242,16 @@ class Allowances:
             for class_name, amount in take.items():
                 remaining[class_name] = remaining.get(class_name, ZERO) + amount
         stored = {name: amount for name, amount in remaining.items() if amount > 0}
+        wants = held.wants if held is not None and held.wants > now else 0.0
         allowances = {
             holder: allowance
             for holder, allowance in read.allowances.items()
-            if holder != self.holder and now < allowance.until + self.reservation_ttl
+            if holder != self.holder
+            and now < max(allowance.until, allowance.wants) + self.reservation_ttl
         }
-        if stored:
-            allowances[self.holder] = Allowance(stored, until)
-        written = Written(dict(take or {}), until, stored, limits if take else None)
+        if stored or wants:
+            allowances[self.holder] = Allowance(stored, until, wants)
+        written = Written(dict(take or {}), until, stored, limits if take else None, wants)
         if not allowances and not read.allowances:
             return None, written
         return allowances, written
@@ -243,9 +272,15 @@ class Allowances:
             held.last_grant = self.clock()
         held.until = written.until
         held.stored = written.stored
+        held.wants_stored = written.wants
         if written.limits is not None:
             held.limits = written.limits
-        if not held.pending and not held.stored and not any(held.remaining.values()):
+        if (
+            not held.pending
+            and not held.stored
+            and not any(held.remaining.values())
+            and not held.wants
+        ):
             del self._held[namespace]
 
     def due(self, now: float) -> list[str]:
@@ -257,7 +292,7 @@ class Allowances:
         from it is stored and shown by then, or never will be."""
         due = []
         for namespace, held in list(self._held.items()):
-            if now >= held.until + self.reservation_ttl:
+            if now >= max(held.until, held.wants_stored) + self.reservation_ttl:
                 del self._held[namespace]
                 continue
             idle = now - held.last_grant >= IDLE_SECONDS

@@ -158,13 +158,19 @@ class Allowance:
     """GPUs set aside, per class."""
     until: float
     """The holder admits from it only before this moment (seconds since the epoch)."""
+    wants: float = 0.0
+    """Until this moment, a pod of this replica waits for room other replicas hold aside:
+    no replica sets more room aside meanwhile, so that what they give back stays free."""
 
     def to_json(self) -> dict[str, Any]:
         """Return the allowance as stored in the record."""
-        return {
+        data: dict[str, Any] = {
             "room": {name: _written(amount) for name, amount in sorted(self.room.items())},
             "until": self.until,
         }
+        if self.wants:
+            data["wants"] = self.wants
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Allowance:
@@ -175,7 +181,7 @@ class Allowance:
         amounts = {str(name): _read(str(amount)) for name, amount in room.items()}
         if any(amount < 0 for amount in amounts.values()):
             raise ValueError("an allowance's room is negative")
-        return cls(amounts, float(data["until"]))
+        return cls(amounts, float(data["until"]), float(data.get("wants", 0.0)))
 
 
 @dataclass(frozen=True, slots=True)

@@ -139,6 +139,35 @@ async def test_a_replica_waits_for_room_another_holds_aside_and_is_then_admitted
         assert not await admit(b, stored_pod(H100))
 
 
+async def test_a_pod_that_waits_for_room_held_aside_is_not_starved_by_its_holder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a pod waits for room another replica holds, the record says so, and no replica
+    sets room aside: what the busy holder gives back stays free for the pod, even when the
+    holder's next pod comes before the waiting pod's next look at the record."""
+    monkeypatch.setattr(admissions_module, "POLL_SECONDS", 0.3)
+    store = MemoryStore()
+    a, b = ledger(store), ledger(store)
+    bigger = QUOTAS.replace("h100: 10", "h100: 24")
+    async with keeping(a, b):
+        assert await admit(a, stored_pod(H100), quotas=bigger)  # 1 reserved, 11.5 aside
+
+        async def stream() -> list[bool]:
+            results = []
+            for _ in range(11):  # never idle; its room ends after 1 s, and its next pod
+                results.append(await admit(a, stored_pod(H100), quotas=bigger))
+                await asyncio.sleep(0.15)  # then writes, and would set half the rest aside
+            return results
+
+        streaming = asyncio.create_task(stream())
+        await asyncio.sleep(0.05)
+        # 12 fits beside a's pods, but not beside the room a holds aside: it waits.
+        waited = await judged(b, stored_pod({"gpuadm.io/h100": "12"}), config(bigger))
+        results = await streaming
+    assert waited.allowed, waited.message
+    assert results == [True] * 11  # 12 of a's and b's 12: 24 of 24
+
+
 async def test_room_aside_of_a_replica_that_died_is_held_until_no_pod_can_come_from_it() -> None:
     """The failover story: a killed holder's unused room is never given twice; it is held
     until its end plus the reservations' lifetime, and then the quota fills exactly."""
@@ -275,9 +304,12 @@ async def test_a_replica_without_allowances_counts_the_room_others_hold_aside() 
     assert await admit(b, stored_pod({"gpuadm.io/h100": "4"}))  # 9.5 of 10 held
     outcome = await judged(b, stored_pod(H100), config())
     assert not outcome.allowed
-    # b's write kept a's room aside as it was.
+    # b's writes kept a's room aside as it was, and said that a pod of b's waited for it.
     record = await store.read("team-a")
-    assert [x.room for x in record.allowances.values()] == [{"h100": Fraction(9, 2)}]
+    assert [(x.room, bool(x.wants)) for x in record.allowances.values()] == [
+        ({"h100": Fraction(9, 2)}, False),
+        ({}, True),
+    ]
 
 
 async def test_an_idle_replica_gives_its_room_back_with_the_pods_admitted_from_it() -> None:
