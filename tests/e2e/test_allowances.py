@@ -10,6 +10,7 @@ import ssl
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import kubernetes.client
@@ -46,15 +47,21 @@ def aside(gpuadm: Deployment) -> Iterator[Deployment]:
         gpuadm.route(len(gpuadm.processes))
 
 
-def set_aside(core: kubernetes.client.CoreV1Api, namespace: str) -> dict[str, object]:
-    """Return the room the namespace's usage record sets aside, by replica."""
+def holding(core: kubernetes.client.CoreV1Api, namespace: str) -> list[str]:
+    """Return the replicas the namespace's usage record sets room aside for."""
+    return [name for name, entry in set_aside(core, namespace).items() if entry["room"]]
+
+
+def set_aside(core: kubernetes.client.CoreV1Api, namespace: str) -> dict[str, dict[str, Any]]:
+    """Return the entries of the namespace's usage record's allowances, by replica: the
+    room set aside for it, and until when a pod of it waits for room."""
     try:
         record = core.read_namespaced_config_map(record_name(namespace), NAMESPACE)
     except ApiException as error:
         if error.status == 404:
             return {}
         raise
-    found: dict[str, object] = orjson.loads((record.data or {}).get(ALLOWANCES_KEY) or "{}")
+    found: dict[str, dict[str, Any]] = orjson.loads((record.data or {}).get(ALLOWANCES_KEY) or "{}")
     return found
 
 
@@ -118,7 +125,7 @@ def test_streams_of_creates_through_three_replicas_fill_the_quota_exactly_mostly
     assert len(stored) == 30
     assert sum(unwritten) > 0, "no admission was judged from room aside: no test"
     # Each replica gives its room back once idle: the record sets none aside soon after.
-    wait_until(lambda: not set_aside(aside.core, namespace), "the room aside given back")
+    wait_until(lambda: not holding(aside.core, namespace), "the room aside given back")
 
 
 def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
@@ -139,7 +146,7 @@ def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
         answered.wait(timeout=60)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            holders = [name for name in set_aside(aside.core, namespace) if name in names]
+            holders = [name for name in holding(aside.core, namespace) if name in names]
             if holders:
                 break
         else:
@@ -149,7 +156,7 @@ def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
         when["killed"] = time.time()
         when["answered"] = outcomes["admitted"] + outcomes["refused"]
         # Killed holding room (not just after giving it back): the record still sets it aside.
-        when["held when killed"] = holders[0] in set_aside(aside.core, namespace)
+        when["held when killed"] = holders[0] in holding(aside.core, namespace)
         killed.append(victim)
         time.sleep(1)  # as a Service stops routing to a pod that fails its probes
         aside.balancer.route_to([p.port for p in aside.processes if p is not victim])

@@ -247,7 +247,10 @@ class Allowances:
             holder: allowance
             for holder, allowance in read.allowances.items()
             if holder != self.holder
-            and now < max(allowance.until, allowance.wants) + self.reservation_ttl
+            and (
+                (allowance.room and now < allowance.until + self.reservation_ttl)
+                or allowance.wants > now
+            )
         }
         if stored or wants:
             allowances[self.holder] = Allowance(stored, until, wants)

@@ -168,6 +168,21 @@ async def test_a_pod_that_waits_for_room_held_aside_is_not_starved_by_its_holder
     assert results == [True] * 11  # 12 of a's and b's 12: 24 of 24
 
 
+async def test_a_wait_said_in_the_record_stops_room_being_set_aside_until_it_ends() -> None:
+    store = MemoryStore()
+    now = time.time()
+    said = {
+        "ended": Allowance({}, until=0.0, wants=now - 1),
+        "waits": Allowance({}, until=0.0, wants=now + 60),
+    }
+    await store.write("team-a", {}, None, NO_MARK, said)
+    quota = ledger(store)
+    assert await admit(quota, stored_pod(H100))
+    # The wait that ended is left out; the other is kept, and no room was set aside.
+    assert set((await store.read("team-a")).allowances) == {"waits"}
+    assert not quota.book.allowances.remaining("team-a")
+
+
 async def test_room_aside_of_a_replica_that_died_is_held_until_no_pod_can_come_from_it() -> None:
     """The failover story: a killed holder's unused room is never given twice; it is held
     until its end plus the reservations' lifetime, and then the quota fills exactly."""
