@@ -84,6 +84,28 @@ def test_server_context_presents_its_certificate_and_speaks_http_1_1(
     assert peer_certificate(client_end) == serving.cert_pem
 
 
+@pytest.mark.parametrize(
+    "client_max",
+    [
+        pytest.param(ssl.TLSVersion.TLSv1_2, id="tls-1.2"),
+        pytest.param(ssl.TLSVersion.TLSv1_3, id="tls-1.3"),
+    ],
+)
+def test_server_context_gives_no_session_ticket(tmp_path: Path, client_max: ssl.TLSVersion) -> None:
+    ca, serving = wall_clock_pair()
+    paths = write_tls_dir(tmp_path, ca=ca, serving=serving)
+    server = server_ssl_context(paths.cert_file, paths.key_file)
+    client = client_context(ca.cert_pem)
+    client.maximum_version = client_max
+
+    client_end = handshake(server, client)
+    with pytest.raises(ssl.SSLWantReadError):  # reads what followed the handshake
+        client_end.read(1)
+
+    assert client_end.session is not None
+    assert not client_end.session.has_ticket
+
+
 def test_server_context_refuses_a_key_of_another_certificate(tmp_path: Path) -> None:
     ca, serving = wall_clock_pair()
     paths = write_tls_dir(tmp_path, ca=ca, serving=serving)
