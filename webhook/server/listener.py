@@ -30,6 +30,8 @@ MAX_CONNECTIONS = 1024
 # The apiserver's handshake takes milliseconds; asyncio's default would let a silent caller
 # keep a half-open session for a minute.
 HANDSHAKE_SECONDS = 10.0
+# How often the handshakes under way are counted afresh, when under the limit.
+PRUNE_SECONDS = 1.0
 # As aiohttp's run_app: an idle connection is closed after this long, and a stop waits this
 # long for the answers in flight.
 KEEPALIVE_SECONDS = 75.0
@@ -99,9 +101,15 @@ class LimitedSite(web.BaseSite):
     def _protocol_factory(self, server: web.Server) -> Callable[[], asyncio.BaseProtocol]:
         loop = asyncio.get_running_loop()
 
+        pruned = [loop.time()]
+
         def protocol() -> asyncio.BaseProtocol:
             now = loop.time()
-            if self._handshaking:
+            at_limit = len(server.connections) + len(self._handshaking) >= self._max_connections
+            # Once a second, and whenever the count reaches the limit: not at each of a
+            # burst's connections, which made the pass quadratic in the handshakes under way.
+            if self._handshaking and (at_limit or now - pruned[0] >= PRUNE_SECONDS):
+                pruned[0] = now
                 # Connected (it has its transport) or given up: the open list counts the
                 # first, and the second is gone.
                 self._handshaking = {
