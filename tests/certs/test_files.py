@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import ssl
 import stat
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from certs import load_certified_key, server_ssl_context, write_tls_dir
-from tests.certs.factory import make_ca, make_serving, wall_clock_pair
+from tests.certs.factory import make_ca, make_client, make_serving, wall_clock_pair
 from tests.certs.handshake import client_context, handshake, peer_certificate
 
 
@@ -91,12 +92,24 @@ def test_server_context_presents_its_certificate_and_speaks_http_1_1(
         pytest.param(ssl.TLSVersion.TLSv1_3, id="tls-1.3"),
     ],
 )
-def test_server_context_gives_no_session_ticket(tmp_path: Path, client_max: ssl.TLSVersion) -> None:
+@pytest.mark.parametrize("client_certificate", [False, True], ids=["anonymous", "client-cert"])
+def test_server_context_gives_no_session_ticket(
+    tmp_path: Path, client_max: ssl.TLSVersion, client_certificate: bool
+) -> None:
     ca, serving = wall_clock_pair()
     paths = write_tls_dir(tmp_path, ca=ca, serving=serving)
-    server = server_ssl_context(paths.cert_file, paths.key_file)
     client = client_context(ca.cert_pem)
     client.maximum_version = client_max
+    client_ca_file = None
+    if client_certificate:  # as the apiserver calls gpuadm with --client-ca-file
+        callers = make_ca(now=datetime.now(UTC))
+        caller = make_client(callers, "kube-apiserver")
+        client_ca_file = tmp_path / "callers.crt"
+        client_ca_file.write_bytes(callers.cert_pem)
+        (tmp_path / "caller.crt").write_bytes(caller.cert_pem)
+        (tmp_path / "caller.key").write_bytes(caller.key_pem)
+        client.load_cert_chain(tmp_path / "caller.crt", tmp_path / "caller.key")
+    server = server_ssl_context(paths.cert_file, paths.key_file, client_ca_file=client_ca_file)
 
     client_end = handshake(server, client)
     with pytest.raises(ssl.SSLWantReadError):  # reads what followed the handshake

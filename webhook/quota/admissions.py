@@ -310,9 +310,13 @@ class AdmissionJudge:
                     limits=pending.terms.limits,
                     mode=pending.terms.mode,
                 )
-                if verdict.exceeded and others and _fits_without(pending, in_use, others):
+                # Only a refusal waits (warn mode admits past the limit anyway), and not a
+                # dry run, which charges nothing and would write that it waits.
+                dry_run = pending.request.dry_run
+                refused = not verdict.allowed and not dry_run
+                if refused and others and _fits_without(pending, in_use, others):
                     verdict = _Waits(*_fields(verdict))
-                elif pending.terms.mode == "enforce" and not pending.request.dry_run:
+                elif pending.terms.mode == "enforce" and not dry_run:
                     # The most one admission of the class asked for: room aside smaller
                     # than that would only keep such pods from the other replicas.
                     taking[class_name] = max(taking.get(class_name, ZERO), pending.plan.charge)

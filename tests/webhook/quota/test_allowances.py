@@ -168,6 +168,23 @@ async def test_a_pod_that_waits_for_room_held_aside_is_not_starved_by_its_holder
     assert results == [True] * 11  # 12 of a's and b's 12: 24 of 24
 
 
+async def test_only_a_refusal_waits_for_room_held_aside_not_warn_mode_nor_a_dry_run() -> None:
+    store = MemoryStore()
+    a, b = ledger(store), ledger(store)
+    assert await admit(a, stored_pod(H100))  # 1 reserved, 4.5 aside for a
+    assert await admit(b, stored_pod({"gpuadm.io/h100": "4"}))  # 9.5 of 10 held
+    started = time.monotonic()
+    dry = await judged(b, stored_pod(H100), config(), dry_run=True)
+    warned = await judged(b, stored_pod(H100), config("mode: warn\n" + QUOTAS))
+    assert time.monotonic() - started < WAIT_SECONDS / 2, "they waited for a's room"
+    assert not dry.allowed
+    assert warned.allowed
+    assert warned.would_deny
+    assert warned.message is not None
+    assert "room aside" not in warned.message
+    assert all(not x.wants for x in (await store.read("team-a")).allowances.values())
+
+
 async def test_a_wait_said_in_the_record_stops_room_being_set_aside_until_it_ends() -> None:
     store = MemoryStore()
     now = time.time()
