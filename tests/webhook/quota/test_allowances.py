@@ -6,19 +6,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from policies import plan, require_fixed_point
+from tests.webhook.quota.stores import FailingStore, Fate
 from tests.webhook.quota.test_ledger import QUOTAS, admit, config, judged, request, stored_pod
-from webhook.kube.errors import KubeError
 from webhook.quota import admissions as admissions_module
 from webhook.quota.allowances import ALLOWANCE_SECONDS, WAIT_SECONDS, Allowances
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import NO_MARK, Allowance, Mark, MemoryStore, Record, Reservation
+from webhook.quota.reservations import NO_MARK, Allowance, MemoryStore, Record
 from webhook.quota.usage import UsageIndex
 
 H100 = {"gpuadm.io/h100": "1"}
@@ -448,34 +448,14 @@ async def test_the_cap_over_all_classes_bounds_the_room_set_aside() -> None:
 async def test_room_a_write_may_have_stored_unanswered_is_given_back() -> None:
     """The apiserver stored a write but its answer was lost: the replica does not count the
     room as its own, and the keeper gives it back rather than leave it held 90 s."""
-    store = LostAnswers()
+    fates: list[Fate] = ["unanswered"]
+    store = FailingStore(lambda: fates.pop() if fates else None)
     quota = ledger(store)
-    store.lose = 1
     assert not await admit(quota, stored_pod(H100))  # stored, but refused with "retry"
     assert (await store.read("team-a")).allowances
     async with keeping(quota):
         record = await settled(store)
     assert len(record.reservations) == 1  # the pod refused for nothing holds it 90 s at most
-
-
-class LostAnswers(MemoryStore):
-    """A store that loses the answer of the next `lose` writes, after storing them."""
-
-    lose = 0
-
-    async def write(
-        self,
-        namespace: str,
-        reservations: dict[str, Reservation],
-        version: str | None,
-        mark: Mark = NO_MARK,
-        allowances: Mapping[str, Allowance] | None = None,
-    ) -> str:
-        version = await super().write(namespace, reservations, version, mark, allowances)
-        if self.lose:
-            self.lose -= 1
-            raise KubeError(504, "the apiserver timed out")
-        return version
 
 
 def test_others_room_counts_until_its_end_plus_the_reservations_lifetime() -> None:

@@ -8,24 +8,15 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections.abc import Mapping
 from fractions import Fraction
 from typing import Any
 
 import pytest
 
 from policies import plan, require_fixed_point
+from tests.webhook.quota.stores import FailingStore, Fate
 from tests.webhook.quota.test_ledger import config, request, stored_pod
-from webhook.kube.errors import KubeError
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import (
-    NO_MARK,
-    Allowance,
-    Mark,
-    MemoryStore,
-    RecordFull,
-    Reservation,
-)
 from webhook.quota.usage import UsageIndex
 
 QUOTAS = """
@@ -37,39 +28,27 @@ ASKS = ({"gpuadm.io/h100": "1"}, {"gpuadm.io/h100": "2"}, {"gpuadm.io/a100": "1"
 SECONDS = 4.0
 
 
-class FlakyStore(MemoryStore):
-    """A store whose writes fail now and then: refused before landing (503), the record full,
-    or stored and then unanswered (504)."""
+def flaky(rng: random.Random, flaky: list[bool]) -> FailingStore:
+    """A store whose writes fail now and then, while `flaky[0]`: refused before landing,
+    the record full, or stored and then unanswered; each after up to 10 ms."""
 
-    def __init__(self, rng: random.Random) -> None:
-        super().__init__()
-        self.rng = rng
-        self.flaky = True
+    def fate() -> Fate:
+        roll = rng.random() if flaky[0] else 1.0
+        return (
+            "refused"
+            if roll < 0.05
+            else "full"
+            if roll < 0.08
+            else ("unanswered" if roll < 0.11 else None)
+        )
 
-    async def write(
-        self,
-        namespace: str,
-        reservations: dict[str, Reservation],
-        version: str | None,
-        mark: Mark = NO_MARK,
-        allowances: Mapping[str, Allowance] | None = None,
-    ) -> str:
-        roll = self.rng.random() if self.flaky else 1.0
-        await asyncio.sleep(self.rng.random() * 0.01)
-        if roll < 0.05:
-            raise KubeError(503, "refused before it landed")
-        if roll < 0.08:
-            raise RecordFull(namespace, len(reservations), 1)
-        stored = await super().write(namespace, reservations, version, mark, allowances)
-        if roll < 0.11:
-            raise KubeError(504, "timed out after it landed")
-        return stored
+    return FailingStore(fate, delay=lambda: rng.random() * 0.01)
 
 
 class Cluster:
     """The pods alive, the replicas' views of them, and what was ever over a limit."""
 
-    def __init__(self, rng: random.Random, store: FlakyStore, *, drop_shown: bool) -> None:
+    def __init__(self, rng: random.Random, store: FailingStore, *, drop_shown: bool) -> None:
         self.rng = rng
         self.store = store
         self.drop_shown = drop_shown
@@ -153,7 +132,8 @@ async def keep(replica: QuotaLedger) -> None:
 @pytest.mark.parametrize("drop_shown", [False, True])
 async def test_random_interleavings_never_admit_past_a_limit(seed: int, drop_shown: bool) -> None:
     rng = random.Random(seed)
-    store = FlakyStore(rng)
+    flaking = [True]
+    store = flaky(rng, flaking)
     cluster = Cluster(rng, store, drop_shown=drop_shown)
     replicas = [cluster.replica(allowances=True) for _ in range(2)]
     replicas.append(cluster.replica(allowances=False))
@@ -190,7 +170,7 @@ async def test_random_interleavings_never_admit_past_a_limit(seed: int, drop_sho
         )
         creates[task] = index
         task.add_done_callback(creates.pop)
-    store.flaky = False
+    flaking[0] = False
     await asyncio.gather(*creates, return_exceptions=True)
     await asyncio.gather(*cluster.showing)
     for task in (*keepers, deleter):
