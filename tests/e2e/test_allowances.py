@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import signal
 import ssl
 import threading
 import time
@@ -132,8 +133,9 @@ def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
     aside: Deployment, control_plane: ControlPlane, namespace: str
 ) -> None:
     """120 creates in waves against room for 40, through three replicas, retried as clients
-    retry. Mid-burst, the first replica the record sets room aside for is killed at once.
-    Never more than 40 pods are stored; the killed replica's room is held until its
+    retry. Mid-burst, a replica the record sets room aside for is frozen, and killed if the
+    record still does (else let go, and another looked for). Never more than 40 pods are
+    stored; the killed replica's room is held until its
     allowance ended and a reservation's lifetime passed, and then the quota fills exactly."""
     aside.set_quotas(quota(namespace, h100=40))
     names = holder_names(aside.processes)
@@ -147,19 +149,24 @@ def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             holders = [name for name in holding(aside.core, namespace) if name in names]
-            if holders:
-                break
-        else:
+            if not holders:
+                continue
+            victim = names[holders[0]]
+            assert victim.process is not None
+            # Frozen first, and a moment for a write it had sent to land: then a look at the
+            # record says for certain whether it still holds room when it is killed.
+            victim.process.send_signal(signal.SIGSTOP)
+            time.sleep(0.5)
+            if holders[0] not in holding(aside.core, namespace):
+                victim.process.send_signal(signal.SIGCONT)  # it had just given it back
+                continue
+            victim.kill()
+            when["killed"] = time.time()
+            when["answered"] = outcomes["admitted"] + outcomes["refused"]
+            killed.append(victim)
+            time.sleep(1)  # as a Service stops routing to a pod that fails its probes
+            aside.balancer.route_to([p.port for p in aside.processes if p is not victim])
             return
-        victim = names[holders[0]]
-        victim.kill()
-        when["killed"] = time.time()
-        when["answered"] = outcomes["admitted"] + outcomes["refused"]
-        # Killed holding room (not just after giving it back): the record still sets it aside.
-        when["held when killed"] = holders[0] in holding(aside.core, namespace)
-        killed.append(victim)
-        time.sleep(1)  # as a Service stops routing to a pod that fails its probes
-        aside.balancer.route_to([p.port for p in aside.processes if p is not victim])
 
     killer = threading.Thread(target=kill_a_holder)
     killer.start()
@@ -175,7 +182,6 @@ def test_a_replica_killed_holding_room_mid_burst_never_lets_more_in_than_fit(
         assert stored <= 40
         assert killed, "no replica ever held room aside: no test"
         assert when["answered"] < 100, "killed after the burst: no test"
-        assert when["held when killed"], "killed just after it gave its room back: no test"
         # The room the killed replica held aside comes back once it could have admitted no
         # more (its allowance ended) and any pod it admitted is stored or never will be: not
         # before, since the last pod needs some of it (the room aside counts whole beside
