@@ -264,7 +264,7 @@ class Allowances:
         `pending`, the room it took joins what remains."""
         held = self._held.get(namespace)
         if held is None:
-            if not written.stored:
+            if not written.stored and not written.wants:
                 return
             held = self._held[namespace] = Held()
         for key in flushed:
@@ -292,10 +292,11 @@ class Allowances:
 
         An allowance that could not be given back (the apiserver was unreachable, or the
         record full) is forgotten once no replica counts it any more: every pod admitted
-        from it is stored and shown by then, or never will be."""
+        from it is stored and shown by then, or never will be. A wait, said or to be said,
+        is kept as long."""
         due = []
         for namespace, held in list(self._held.items()):
-            if now >= max(held.until, held.wants_stored) + self.reservation_ttl:
+            if now >= max(held.until, held.wants, held.wants_stored) + self.reservation_ttl:
                 del self._held[namespace]
                 continue
             idle = now - held.last_grant >= IDLE_SECONDS

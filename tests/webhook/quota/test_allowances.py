@@ -185,6 +185,19 @@ async def test_only_a_refusal_waits_for_room_held_aside_not_warn_mode_nor_a_dry_
     assert all(not x.wants for x in (await store.read("team-a")).allowances.values())
 
 
+async def test_a_pod_that_waits_says_so_once_while_writes_take_their_time() -> None:
+    """The keeper, looking while the write that says a pod waits is in flight, must not
+    forget the wait: else each look at the record says it again, in a write each time."""
+    store = FailingStore(delay=lambda: 0.06)  # as an apiserver's write takes milliseconds
+    a, b = ledger(store), ledger(store)
+    assert await admit(a, stored_pod(H100))  # 1 reserved, 4.5 aside; a never gives it back
+    assert await admit(b, stored_pod({"gpuadm.io/h100": "4"}))
+    async with keeping(b):
+        writes = store.writes
+        assert not (await judged(b, stored_pod(H100), config())).allowed  # waited 1.5 s
+    assert store.writes - writes <= 2, f"{store.writes - writes} writes while it waited"
+
+
 async def test_a_wait_said_in_the_record_stops_room_being_set_aside_until_it_ends() -> None:
     store = MemoryStore()
     now = time.time()
