@@ -85,6 +85,33 @@ def judge(
 _ALL_LABEL = f'all classes ("{ALL_CLASSES}")'
 
 
+def room_to_set_aside(
+    largest: Mapping[str, Fraction],
+    in_use: Mapping[str, Fraction],
+    limits: Mapping[str, Fraction],
+) -> dict[str, Fraction]:
+    """Return the room a replica may set aside to admit from without a write, after it
+    admitted pods into `in_use`: for each class of `largest` (the largest pod of it asked
+    for), half of what is free of the class and of the cap over all classes, if that half
+    holds such a pod. Each class's half comes out of the cap before the next class's. A
+    class no limit counts has nothing to set aside."""
+    cap = limits.get(ALL_CLASSES)
+    free_all = None if cap is None else cap - sum(in_use.values(), Fraction(0))
+    room = {}
+    for class_name, pod in largest.items():
+        free = [] if free_all is None else [free_all]
+        if class_name in limits:
+            free.append(limits[class_name] - in_use.get(class_name, Fraction(0)))
+        if not free or pod <= 0:
+            continue
+        half = min(free) / 2
+        if half >= pod:
+            room[class_name] = half
+            if free_all is not None:
+                free_all -= half
+    return room
+
+
 def never_fits(
     *, namespace: str, class_name: str, requested: Fraction, limits: Mapping[str, Fraction]
 ) -> str | None:

@@ -6,7 +6,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from policies.judge import judge
+from policies.judge import judge, room_to_set_aside
 
 
 @pytest.mark.parametrize(
@@ -135,3 +135,25 @@ def test_verdict_reports_usage_and_limit_of_the_class() -> None:
         limits={"a100": F(4), "*": F(8)},
     )
     assert (verdict.in_use, verdict.limit) == (F(1), F(4))
+
+
+@pytest.mark.parametrize(
+    ("largest", "in_use", "limits", "room"),
+    [
+        pytest.param({"a100": F(1)}, {"a100": F(1)}, {"a100": F(10)}, {"a100": F(9, 2)}, id="half"),
+        pytest.param({"a100": F(1)}, {"a100": F(9)}, {"a100": F(10)}, {}, id="too-small"),
+        pytest.param({"a100": F(1)}, {}, {"h100": F(10)}, {}, id="unlimited"),
+        pytest.param(
+            {"a100": F(1), "h100": F(1)},
+            {"a100": F(1), "h100": F(1)},
+            {"a100": F(5), "h100": F(10), "*": F(6)},
+            {"a100": F(2), "h100": F(1)},
+            id="the-cap-shared-in-turn",
+        ),
+        pytest.param({"a100": F(1, 4)}, {}, {"*": F(1)}, {"a100": F(1, 2)}, id="cap-only"),
+    ],
+)
+def test_room_set_aside_is_half_of_what_is_free_if_a_pod_fits_it(
+    largest: dict[str, F], in_use: dict[str, F], limits: dict[str, F], room: dict[str, F]
+) -> None:
+    assert room_to_set_aside(largest, in_use, limits) == room

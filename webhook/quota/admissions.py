@@ -34,9 +34,9 @@ from fractions import Fraction
 from typing import Any
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge, never_fits
+from policies.judge import QuotaVerdict, judge, never_fits, room_to_set_aside
 from policies.queue import is_gated, may_gate
-from policies.quotas import ALL_CLASSES, Terms, budgets_on, limits_on
+from policies.quotas import Terms, budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
@@ -341,10 +341,13 @@ class AdmissionJudge:
         may_take = allowances.enabled and not waits
         if may_take and allowances.others_wait(record.allowances, now):
             may_take = False
-        take = _to_set_aside(taking, totals, batch[-1].terms) if may_take else {}
+        terms = batch[-1].terms
+        if terms.mode != "enforce":
+            may_take = False
+        take = room_to_set_aside(taking, totals, terms.limits) if may_take else {}
         if reserved or take or tell:
             try:
-                await book.write(namespace, reservations, record, take, batch[-1].terms.limits)
+                await book.write(namespace, reservations, record, take, terms.limits)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
                 self._log_full(namespace, full)
                 return [
@@ -412,35 +415,6 @@ def _fits_without(
         limits=pending.terms.limits,
         mode=pending.terms.mode,
     ).allowed
-
-
-def _to_set_aside(
-    taking: Mapping[str, Fraction], totals: Mapping[str, Fraction], terms: Terms
-) -> dict[str, Fraction]:
-    """Return the room to set aside for this replica after a batch: for each class it
-    admitted in enforce mode, half of what is free of it (and of the cap over all classes),
-    if that holds at least the largest pod of the class the batch asked for."""
-    limits = terms.limits
-    if terms.mode != "enforce":
-        return {}
-    cap = limits.get(ALL_CLASSES)
-    free_all = None if cap is None else cap - sum(totals.values(), ZERO)
-    take = {}
-    for class_name, largest in taking.items():
-        limit = limits.get(class_name)
-        free = [
-            room
-            for room in (free_all, None if limit is None else limit - totals.get(class_name, ZERO))
-            if room is not None
-        ]
-        if not free or largest <= 0:
-            continue  # unlimited: nothing to count, so nothing to set aside
-        half = min(free) / 2
-        if half >= largest:
-            take[class_name] = half
-            if free_all is not None:
-                free_all -= half
-    return take
 
 
 def _without(totals: Mapping[str, Fraction], reservation: Reservation) -> dict[str, Fraction]:
