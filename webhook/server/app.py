@@ -17,9 +17,17 @@ from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.server import handlers
-from webhook.server.appkeys import DRAIN, METRICS, READINESS, ReadinessCheck
+from webhook.server.appkeys import (
+    DRAIN,
+    MAX_BODY_BYTES,
+    METRICS,
+    READINESS,
+    ROUTES,
+    ReadinessCheck,
+)
 from webhook.server.budget import RequestBudget
 from webhook.server.drain import Drain
+from webhook.server.incoming import Handler
 from webhook.server.lifecycle import Background, Supervisor
 from webhook.server.settings import Settings
 from webhook.tls.reloading import TLS_STALE_SECONDS, certificate_problem, keep_certificate_fresh
@@ -58,6 +66,7 @@ def create_app(
     # One byte over the review limit lets the edge tell "too large" apart from a body that
     # happens to be exactly the limit.
     app = web.Application(client_max_size=settings.max_review_bytes + 1)
+    app[MAX_BODY_BYTES] = settings.max_review_bytes + 1
     app[METRICS] = metrics
     drain = app[DRAIN] = Drain()
     app.on_response_prepare.append(drain.close_after_answer)
@@ -89,11 +98,16 @@ def create_app(
         claims=claims or NoClaims(),
         trusted=decisions.Trusted(settings.trusted_user, settings.claim_controllers),
     )
-    app.router.add_post("/mutate", endpoint("mutate", mutate).handle)
-    app.router.add_post("/validate", endpoint("validate", validate).handle)
-    app.router.add_get("/healthz", handlers.handle_healthz)
-    app.router.add_get("/readyz", handlers.handle_readyz)
-    app.router.add_get("/metrics", handlers.handle_metrics)
+    routes: dict[tuple[str, str], Handler] = {
+        ("POST", "/mutate"): endpoint("mutate", mutate).handle,
+        ("POST", "/validate"): endpoint("validate", validate).handle,
+        ("GET", "/healthz"): handlers.handle_healthz,
+        ("GET", "/readyz"): handlers.handle_readyz,
+        ("GET", "/metrics"): handlers.handle_metrics,
+    }
+    for (method, path), handler in routes.items():
+        app.router.add_route(method, path, handler)
+    app[ROUTES] = routes
     if audit is not None:
         metrics.watch_audit(audit.reading)
         app.cleanup_ctx.append(partial(_audit_writer, audit))
