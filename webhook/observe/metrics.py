@@ -285,6 +285,12 @@ class Metrics:
             ["task"],
             registry=r,
         )
+        self.connections_opened = Counter(
+            "gpuadm_connections_opened",
+            "Connections served, by the protocol the caller chose: h2 (--http2), or http/1.1.",
+            ["protocol"],
+            registry=r,
+        )
         self.connections_refused = Counter(
             "gpuadm_connections_refused",
             "Connections closed on arrival because the replica served its maximum already.",

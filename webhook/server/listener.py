@@ -6,6 +6,9 @@ thousands. The site here closes any connection over `MAX_CONNECTIONS` as it arri
 handshakes that take longer than `HANDSHAKE_SECONDS`, and never inflates a compressed body
 (the handlers refuse one unread). It logs that it serves only once it listens, so a port
 in use is a clear error, not a traceback after "serving on".
+
+With `http2`, a caller that offers HTTP/2 in its TLS handshake gets it (`server.http2`),
+under the same connection limit; every other caller, HTTP/1.1 as before.
 """
 
 from __future__ import annotations
@@ -21,9 +24,17 @@ from typing import Any
 from aiohttp import web
 
 from webhook.server.appkeys import DRAIN
+from webhook.server.http2 import (
+    ALPN,
+    MAX_ANSWERS_IN_PROGRESS,
+    AnswersInProgress,
+    Http2Connection,
+    served_over_http2,
+)
 
 log = logging.getLogger("gpuadm.serve")
 
+HTTP1 = "http/1.1"
 # The apiserver keeps one connection per concurrent call from a small pool, and a replica
 # serves one or a few apiservers: hundreds are plenty.
 MAX_CONNECTIONS = 1024
@@ -51,10 +62,22 @@ class LimitedSite(web.BaseSite):
 
     A connection counts from the moment it is accepted: while its TLS handshake runs (which
     has `HANDSHAKE_SECONDS` to finish), then in aiohttp's own list of open connections
-    until its handler is done. `on_refused` is called for each connection closed.
+    until its handler is done. `on_refused` is called for each connection closed, and
+    `on_opened` with the protocol of each served (`HTTP1`, or `http2.ALPN`).
     """
 
-    __slots__ = ("_handshaking", "_host", "_max_connections", "_on_refused", "_port")
+    __slots__ = (
+        "_answers",
+        "_handshaking",
+        "_host",
+        "_http2",
+        "_http2_gone",
+        "_max_connections",
+        "_on_opened",
+        "_on_refused",
+        "_port",
+        "_served_http2",
+    )
 
     def __init__(
         self,
@@ -65,14 +88,33 @@ class LimitedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
         on_refused: Callable[[], None] = lambda: None,
+        on_opened: Callable[[str], None] = lambda protocol: None,
         backlog: int = 128,
+        http2: bool = False,
+        max_http2_answers: int = MAX_ANSWERS_IN_PROGRESS,
     ) -> None:
-        """Listen on `host`:`port`, with TLS from `ssl_context` when given."""
+        """Listen on `host`:`port`, with TLS from `ssl_context` when given.
+
+        With `http2` (and TLS), callers that offer HTTP/2 are served it (`server.http2`),
+        with at most `max_http2_answers` streams answered at once over all of them; the
+        others, HTTP/1.1.
+        """
+        if http2 and not isinstance(runner, web.AppRunner):
+            raise ValueError("HTTP/2 is served for an application's runner only")
+        if http2 and ssl_context is not None:
+            # Set on the served context, which certificate reloads keep.
+            ssl_context.set_alpn_protocols([ALPN, HTTP1])
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
+        self._http2 = http2 and ssl_context is not None
+        self._served_http2: set[Http2Connection] = set()
+        self._answers = AnswersInProgress(max_http2_answers)
+        # Set whenever no HTTP/2 connection is open.
+        self._http2_gone = asyncio.Event()
         self._host = host
         self._port = port
         self._max_connections = max_connections
         self._on_refused = on_refused
+        self._on_opened = on_opened
         # Handlers accepted whose handshake has not ended yet, with when it must have ended.
         self._handshaking: dict[asyncio.BaseProtocol, float] = {}
 
@@ -81,6 +123,30 @@ class LimitedSite(web.BaseSite):
         """Return the site's URL, as aiohttp's own sites do."""
         scheme = "https" if self._ssl_context else "http"
         return f"{scheme}://{self._host}:{self._port}"
+
+    @property
+    def open_connections(self) -> int:
+        """Connections served now, over either protocol, handshakes under way aside."""
+        server = self._runner.server
+        return (len(server.connections) if server else 0) + len(self._served_http2)
+
+    async def stop(self) -> None:
+        """Stop listening; HTTP/2 connections answer what they began, then close.
+
+        aiohttp's runner then waits for its own connections' answers, up to its shutdown
+        timeout, and the HTTP/2 answers are waited for here as long.
+        """
+        await super().stop()
+        if not self._served_http2:
+            return
+        self._http2_gone.clear()
+        for connection in list(self._served_http2):
+            connection.close()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._http2_gone.wait(), SHUTDOWN_SECONDS)
+        for connection in list(self._served_http2):
+            if connection.transport is not None:
+                connection.transport.abort()
 
     async def start(self) -> None:
         """Listen; from now on connections are served, up to the limit."""
@@ -105,7 +171,7 @@ class LimitedSite(web.BaseSite):
 
         def protocol() -> asyncio.BaseProtocol:
             now = loop.time()
-            at_limit = len(server.connections) + len(self._handshaking) >= self._max_connections
+            at_limit = self.open_connections + len(self._handshaking) >= self._max_connections
             # Once a second, and whenever the count reaches the limit: not at each of a
             # burst's connections, which made the pass quadratic in the handshakes under way.
             if self._handshaking and (at_limit or now - pruned[0] >= PRUNE_SECONDS):
@@ -117,14 +183,58 @@ class LimitedSite(web.BaseSite):
                     for handler, deadline in self._handshaking.items()
                     if deadline > now and getattr(handler, "transport", None) is None
                 }
-            if len(server.connections) + len(self._handshaking) >= self._max_connections:
+            if self.open_connections + len(self._handshaking) >= self._max_connections:
                 self._on_refused()
                 return _Closing()
-            handler = server()
+            handler: asyncio.BaseProtocol
+            if self._http2:
+                handler = _Negotiated(server, self._http2_connection, self._on_opened)
+            else:
+                self._on_opened(HTTP1)
+                handler = server()
             self._handshaking[handler] = now + HANDSHAKE_SECONDS + 1
             return handler
 
         return protocol
+
+    def _http2_connection(self) -> Http2Connection:
+        assert isinstance(self._runner, web.AppRunner)  # as __init__ checked
+        connection = Http2Connection(
+            self._runner.app,
+            self._answers,
+            on_closed=self._http2_closed,
+        )
+        self._served_http2.add(connection)
+        return connection
+
+    def _http2_closed(self, connection: Http2Connection) -> None:
+        self._served_http2.discard(connection)
+        if not self._served_http2:
+            self._http2_gone.set()
+
+
+class _Negotiated(asyncio.Protocol):
+    """A TLS connection until its handshake ends, then handed to the protocol its caller
+    chose by ALPN: HTTP/2, or aiohttp's HTTP/1.1."""
+
+    def __init__(
+        self,
+        http1: Callable[[], asyncio.Protocol],
+        http2: Callable[[], Http2Connection],
+        on_opened: Callable[[str], None],
+    ) -> None:
+        self._http1 = http1
+        self._http2 = http2
+        self._on_opened = on_opened
+        self.transport: asyncio.BaseTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+        over_http2 = served_over_http2(transport)
+        self._on_opened(ALPN if over_http2 else HTTP1)
+        chosen = self._http2() if over_http2 else self._http1()
+        transport.set_protocol(chosen)
+        chosen.connection_made(transport)
 
 
 class _Closing(asyncio.Protocol):
@@ -141,16 +251,30 @@ def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None] = lambda: None,
+    on_opened: Callable[[str], None] = lambda protocol: None,
     max_connections: int = MAX_CONNECTIONS,
     drain_seconds: float = 0.0,
+    http2: bool = False,
 ) -> None:
     """Serve `app` until SIGINT or SIGTERM, then stop gracefully; raise `OSError` when the
-    address cannot be listened on.
+    address cannot be listened on. With `http2`, callers that offer HTTP/2 are served it.
 
     After SIGTERM the app drains for `drain_seconds` first (see `drain.py`), if it has a
     `Drain`; SIGINT or a second signal stops at once.
     """
-    asyncio.run(_serve(app, host, port, ssl_context, on_refused, max_connections, drain_seconds))
+    asyncio.run(
+        _serve(
+            app,
+            host,
+            port,
+            ssl_context,
+            on_refused,
+            on_opened,
+            max_connections,
+            drain_seconds,
+            http2,
+        )
+    )
 
 
 async def _serve(
@@ -159,8 +283,10 @@ async def _serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None],
+    on_opened: Callable[[str], None],
     max_connections: int,
     drain_seconds: float,
+    http2: bool,
 ) -> None:
     stop = asyncio.Event()
     at_once = asyncio.Event()
@@ -183,6 +309,8 @@ async def _serve(
             ssl_context=ssl_context,
             max_connections=max_connections,
             on_refused=on_refused,
+            on_opened=on_opened,
+            http2=http2,
         )
         await site.start()
         log.info("serving on %s", site.name)
