@@ -105,6 +105,7 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
             id="selector-label",
         ),
         pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
+        pytest.param("http2=yes", "got string, want boolean", id="http2-not-a-switch"),
         pytest.param("image.digest=sha256:abc", "does not match pattern", id="short-digest"),
         pytest.param(
             "uninstallHook.enable=false",
@@ -288,6 +289,16 @@ def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj
     assert command[-2:] == ["--lease-seconds", "30"]
     assert command[:4] == ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)"]
     assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE", "TZ"]
+
+
+def test_http2_is_offered_only_when_asked_for(render: Render) -> None:
+    def command(*args: str) -> list[str]:
+        (container,) = _pod_spec(render("helm", *args))["containers"]
+        found: list[str] = container["command"]
+        return found
+
+    assert "--http2" not in command()
+    assert "--http2" in command("--set", "http2=true")
 
 
 def test_custom_values_render_objects_the_api_accepts(
