@@ -13,20 +13,23 @@ connection may cost is bounded on its own:
 - streams: at most `MAX_STREAMS` open at once per connection (the setting the caller must
   keep to), and as many answers in progress. A stream the caller resets still counts until
   its handler is done, so resetting streams does not make room for more work (the "rapid
-  reset" attack); a connection that resets more than half of its streams, past
-  `RESETS_TOLERATED`, is told to stop (GOAWAY, ENHANCE_YOUR_CALM) and closed.
+  reset" attack); a connection that resets more than half of its streams within
+  `EARLY_RESET_SECONDS` of opening them, past `RESETS_TOLERATED`, is told to stop (GOAWAY,
+  ENHANCE_YOUR_CALM). So is one that keeps opening streams it is refused.
 - replica-wide: at most `MAX_ANSWERS_IN_PROGRESS` streams answered at once over all
   connections; a stream over it is refused (REFUSED_STREAM, which a caller retries).
 - bodies: a stream's bytes are acknowledged (its window opened again) only while its
   handler reads them, so a body not yet read holds at most its window, `STREAM_WINDOW`;
-  a body over the app's `client_max_size` is answered 413 and its bytes dropped.
-- headers: at most `MAX_HEADER_BYTES` decoded, as `h2` enforces; frames and CONTINUATION
-  floods are bounded by `h2` itself.
-- output: while the caller does not read, nothing more is read from it either, and an
-  answer waits for the caller's window; a caller that lets `MAX_UNSENT_BYTES` pile up is
-  cut off.
-- time: each request has the handlers' own read budget; a connection with nothing in
-  progress is closed after `KEEPALIVE_SECONDS`, as aiohttp closes an idle one.
+  a body over the app's `client_max_size`, or sent after its handler is done, is dropped.
+- headers: at most `MAX_HEADER_BYTES` decoded, and at most `MAX_HEADER_BLOCK_BYTES` of a
+  block waiting for its last CONTINUATION frame.
+- output: while the caller does not read, nothing more is read from it either; an answer
+  waits for the caller's window for `SEND_SECONDS` at most, then its stream is reset.
+- time and age: each request has the handlers' own read budget; a connection with nothing
+  in progress is closed after `KEEPALIVE_SECONDS`, as aiohttp closes an idle one, and one
+  that has begun `MAX_STREAMS_PER_CONNECTION` streams or lived `MAX_CONNECTION_SECONDS` is
+  closed gracefully, which also bounds what h2 keeps of it and lets the apiserver's next
+  connection reach another replica.
 
 Leaving: `close()` sends GOAWAY naming the last stream that will be answered, answers
 those, then closes. The listener calls it when the replica stops, and a draining replica
@@ -56,7 +59,8 @@ log = logging.getLogger("gpuadm.http2")
 
 ALPN = "h2"
 # Open streams per connection: what the caller is told to keep to. The apiserver opens
-# another connection when it needs more at once.
+# another connection when it needs more at once. Go's client assumes 100 until it has read
+# the setting, and h2 closes a connection that opens more: never set it lower.
 MAX_STREAMS = 100
 # Streams answered at once over all connections of a replica: as many as connections may
 # be open, one call each, over HTTP/1.1.
@@ -66,12 +70,25 @@ MAX_ANSWERS_IN_PROGRESS = 1024
 STREAM_WINDOW = 65_535
 CONNECTION_WINDOW = MAX_STREAMS * STREAM_WINDOW
 MAX_HEADER_BYTES = 16 * 1024
-# Streams a connection may reset before its resets are weighed against its streams.
+# Of a header block still arriving (HEADERS, then CONTINUATION frames): h2 keeps up to 64
+# frames of 16 KiB before it decodes any.
+MAX_HEADER_BLOCK_BYTES = 2 * MAX_HEADER_BYTES
+# Resets within this long of a stream's opening count against the connection: the
+# apiserver cancels a call only once its webhook timeout (a second at least) is out.
+EARLY_RESET_SECONDS = 0.5
 RESETS_TOLERATED = 100
-# Bytes of answers the caller has not read before the connection is cut: several answers
-# of the largest kind (a /metrics page), never a whole burst's worth.
-MAX_UNSENT_BYTES = 4 * 1024 * 1024
+# Streams a connection may have refused in `REFUSALS_SECONDS` before it is told to stop.
+REFUSALS_TOLERATED = 4 * MAX_STREAMS
+REFUSALS_SECONDS = 10.0
+# How long an answer waits for the caller to take it (its window, its reading).
+SEND_SECONDS = 10.0
 KEEPALIVE_SECONDS = 75.0
+# A connection's age, in streams and in seconds, before it is closed gracefully.
+MAX_STREAMS_PER_CONNECTION = 10_000
+MAX_CONNECTION_SECONDS = 300.0
+# Closed streams h2 remembers, to tell a late frame of one from a protocol error: h2's own
+# 65,536 weigh 7.5 MiB a connection.
+MAX_CLOSED_STREAMS = 1024
 # The largest frame any HTTP/2 peer takes.
 _SMALLEST_FRAME = 16_384
 # Headers of HTTP/1.1 connections, which HTTP/2 forbids.
@@ -109,14 +126,33 @@ def streams_outlive_goaway(connection: h2.connection.H2Connection) -> None:
     connection.state_machine = _StreamsOutliveGoaway()
 
 
+class _Served(h2.connection.H2Connection):
+    """h2's server side, as `Http2Connection` needs it: streams outlive a GOAWAY, what was
+    to be sent before a GOAWAY arrived is still sent (h2 would drop it: acknowledgements
+    and window updates among it), and fewer closed streams are remembered."""
+
+    MAX_CLOSED_STREAMS = MAX_CLOSED_STREAMS
+
+    def __init__(self, config: h2.config.H2Configuration) -> None:
+        super().__init__(config=config)
+        streams_outlive_goaway(self)
+
+    def clear_outbound_data_buffer(self) -> None:
+        pass
+
+
 class AnswersInProgress:
     """The streams being answered now, over all HTTP/2 connections of a replica."""
 
-    __slots__ = ("count", "limit")
+    __slots__ = ("limit", "tasks")
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.count = 0
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def count(self) -> int:
+        return len(self.tasks)
 
 
 class _Stream:
@@ -125,19 +161,23 @@ class _Stream:
     __slots__ = (
         "body",
         "changed",
+        "done",
         "ended",
         "headers",
         "id",
+        "opened",
         "reading",
         "received",
         "reset",
         "too_large",
         "unacknowledged",
+        "window",
     )
 
-    def __init__(self, stream_id: int, headers: CIMultiDictProxy[str]) -> None:
+    def __init__(self, stream_id: int, headers: CIMultiDictProxy[str], opened: float) -> None:
         self.id = stream_id
         self.headers = headers
+        self.opened = opened
         self.body: list[bytes] = []
         self.received = 0
         self.unacknowledged = 0
@@ -145,7 +185,15 @@ class _Stream:
         self.reset = False
         self.reading = False
         self.too_large = False
+        # Its handler has returned: what more comes of its body is dropped.
+        self.done = False
         self.changed = asyncio.Event()
+        # Set when the caller's window for it may have opened.
+        self.window = asyncio.Event()
+
+    @property
+    def discarding(self) -> bool:
+        return self.reset or self.too_large or self.done
 
 
 class Http2Request:
@@ -189,19 +237,23 @@ class Http2Request:
         stream = self._stream
         stream.reading = True
         self._connection.acknowledge(stream)
-        while True:
-            if stream.reset:
-                raise ConnectionResetError("the caller reset the stream")
-            if stream.too_large:
-                raise web.HTTPRequestEntityTooLarge(
-                    max_size=self._connection.app[MAX_BODY_BYTES], actual_size=stream.received
-                )
-            if stream.ended:
-                body = b"".join(stream.body)
-                stream.body.clear()
-                return body
-            stream.changed.clear()
-            await stream.changed.wait()
+        try:
+            while True:
+                if stream.reset:
+                    raise ConnectionResetError("the caller reset the stream")
+                if stream.too_large:
+                    raise web.HTTPRequestEntityTooLarge(
+                        max_size=self._connection.app[MAX_BODY_BYTES], actual_size=stream.received
+                    )
+                if stream.ended:
+                    body = b"".join(stream.body)
+                    stream.body.clear()
+                    return body
+                stream.changed.clear()
+                await stream.changed.wait()
+        finally:
+            # A read given up (its time is out) opens no more window.
+            stream.reading = False
 
 
 class Http2Connection(asyncio.Protocol):
@@ -220,9 +272,15 @@ class Http2Connection(asyncio.Protocol):
         self._in_progress = in_progress
         self._on_closed = on_closed
         # Headers come as bytes: they are decoded here, where a byte that is not UTF-8 is
-        # replaced rather than an error in the middle of the protocol.
-        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
-        self._h2 = h2.connection.H2Connection(config=config)
+        # replaced rather than an error in the middle of the protocol. What goes out is only
+        # :status and the handlers' own few headers, lower case.
+        config = h2.config.H2Configuration(
+            client_side=False,
+            header_encoding=None,
+            validate_outbound_headers=False,
+            normalize_outbound_headers=False,
+        )
+        self._h2 = _Served(config)
         self._h2.local_settings = h2.settings.Settings(
             client=False,
             initial_values={
@@ -232,40 +290,54 @@ class Http2Connection(asyncio.Protocol):
             },
         )
         self._h2.decoder.max_header_list_size = MAX_HEADER_BYTES
-        streams_outlive_goaway(self._h2)
         self._streams: dict[int, _Stream] = {}
         # Handlers running, whether or not their stream is still open.
         self._answering: set[asyncio.Task[None]] = set()
-        self._streams_seen = 0
-        self._resets = 0
+        self._begun = 0
+        self._early_resets = 0
+        self._refused = 0
+        self._refused_since = 0.0
+        self._opened = 0.0
         # Once GOAWAY is sent: the last stream this connection answers.
         self._last_stream: int | None = None
+        # Once the connection is cut: nothing more is read or begun.
+        self._dead = False
         self._writable = asyncio.Event()
         self._writable.set()
-        self._window_opened = asyncio.Event()
         self._idle: asyncio.TimerHandle | None = None
+        self._flush_due = False
 
     # asyncio's callbacks.
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport, whose class is not asyncio's own under uvloop.
         self.transport = cast(asyncio.Transport, transport)
+        self._opened = self._refused_since = asyncio.get_running_loop().time()
         self._h2.initiate_connection()
         self._h2.increment_flow_control_window(CONNECTION_WINDOW - STREAM_WINDOW)
         self._flush()
         self._idle_from_now()
 
     def data_received(self, data: bytes) -> None:
+        if self._dead:
+            return
         try:
             for event in self._h2.receive_data(data):
+                if self._dead:
+                    return
                 self._on_event(event)
         except h2.exceptions.ProtocolError as error:
+            # h2 has said GOAWAY with its reason already.
             log.warning("closed an HTTP/2 connection that broke the protocol: %s", error)
-            self._abort(h2.errors.ErrorCodes.PROTOCOL_ERROR)
+            self._cut()
             return
         except Exception:
             log.exception("closed an HTTP/2 connection whose frames could not be read")
-            self._abort(h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self._cut(h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
+        if self._header_block_pending() > MAX_HEADER_BLOCK_BYTES:
+            log.warning("closed an HTTP/2 connection whose header block never ended")
+            self._cut(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
             return
         self._flush()
 
@@ -273,14 +345,16 @@ class Http2Connection(asyncio.Protocol):
         return None  # close: the caller will send nothing more
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self._dead = True
         if self._idle is not None:
             self._idle.cancel()
+            self._idle = None
         for stream in self._streams.values():
             stream.reset = True
             stream.changed.set()
+            stream.window.set()
         self._streams.clear()
         self._writable.set()
-        self._window_opened.set()
         self.transport = None
         self._on_closed(self)
 
@@ -302,14 +376,12 @@ class Http2Connection(asyncio.Protocol):
         """Streams being answered now."""
         return len(self._answering)
 
-    def close(self) -> None:
-        """Answer the streams already begun, begin no more, then close (GOAWAY, NO_ERROR)."""
-        if self.transport is None or self._last_stream is not None:
+    def close(self, code: int = h2.errors.ErrorCodes.NO_ERROR) -> None:
+        """Answer the streams already begun, begin no more, then close (GOAWAY)."""
+        if self.transport is None or self._dead or self._last_stream is not None:
             return
         self._last_stream = self._h2.highest_inbound_stream_id
-        self._h2.close_connection(
-            error_code=h2.errors.ErrorCodes.NO_ERROR, last_stream_id=self._last_stream
-        )
+        self._h2.close_connection(error_code=code, last_stream_id=self._last_stream)
         self._flush()
         self._close_when_done()
 
@@ -326,8 +398,14 @@ class Http2Connection(asyncio.Protocol):
                 stream.changed.set()
         elif isinstance(event, h2.events.StreamReset):
             self._on_reset(event.stream_id)
-        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
-            self._window_opened.set()
+        elif isinstance(event, h2.events.WindowUpdated):
+            if event.stream_id:
+                if (stream := self._streams.get(event.stream_id)) is not None:
+                    stream.window.set()
+            else:
+                self._every_window_may_have_opened()
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._every_window_may_have_opened()
         elif isinstance(event, h2.events.ConnectionTerminated):
             # The caller is leaving: it begins no more streams, and those under way are
             # answered before the connection closes.
@@ -337,23 +415,15 @@ class Http2Connection(asyncio.Protocol):
 
     def _on_request(self, event: h2.events.RequestReceived) -> None:
         stream_id = event.stream_id
-        self._streams_seen += 1
-        if self._idle is not None:
-            self._idle.cancel()
-            self._idle = None
+        now = asyncio.get_running_loop().time()
         if self._last_stream is not None and stream_id > self._last_stream:
             # Sent before the caller read our GOAWAY: it may send it again, elsewhere.
-            self._refuse(stream_id)
+            self._refuse(stream_id, now)
             return
         if len(self._answering) >= MAX_STREAMS or (
             self._in_progress.count >= self._in_progress.limit
         ):
-            log.warning(
-                "refused an HTTP/2 stream: %d answers in progress on its connection, %d in all",
-                len(self._answering),
-                self._in_progress.count,
-            )
-            self._refuse(stream_id)
+            self._refuse(stream_id, now)
             return
         pseudo: dict[str, str] = {}
         headers: CIMultiDict[str] = CIMultiDict()
@@ -364,67 +434,97 @@ class Http2Connection(asyncio.Protocol):
                 pseudo[name] = value
             else:
                 headers.add(name, value)
-        stream = _Stream(stream_id, CIMultiDictProxy(headers))
+        stream = _Stream(stream_id, CIMultiDictProxy(headers), now)
         self._streams[stream_id] = stream
         method = pseudo.get(":method", "")
         path = pseudo.get(":path", "").partition("?")[0]
         request = Http2Request(self, stream, method, path)
         task = asyncio.get_running_loop().create_task(self._answer(stream, request))
         self._answering.add(task)
-        self._in_progress.count += 1
+        self._in_progress.tasks.add(task)
         task.add_done_callback(self._answered)
+        self._begun += 1
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self._begun >= MAX_STREAMS_PER_CONNECTION or now - self._opened > MAX_CONNECTION_SECONDS:
+            self.close()  # this stream is still answered; the caller's next goes elsewhere
 
-    def _refuse(self, stream_id: int) -> None:
+    def _refuse(self, stream_id: int, now: float) -> None:
         """Tell the caller a stream was not begun, so it may send it again."""
         # A stream the caller reset already, in the same read, needs nothing more.
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
+        if now - self._refused_since > REFUSALS_SECONDS:
+            self._refused_since = now
+            self._refused = 0
+        self._refused += 1
+        if self._refused == 1:
+            log.warning(
+                "refused an HTTP/2 stream: %d answers in progress on its connection, %d in all",
+                len(self._answering),
+                self._in_progress.count,
+            )
+        if self._refused > REFUSALS_TOLERATED:
+            log.warning(
+                "told an HTTP/2 caller to calm down: %d streams refused in %g s",
+                self._refused,
+                REFUSALS_SECONDS,
+            )
+            self.close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self._streams.get(event.stream_id)
         length = event.flow_controlled_length or 0
-        if stream is None or stream.reset:
+        if stream is None or stream.discarding:
+            # Nobody will read it: its window opens at once, so that the others flow.
             self._h2.acknowledge_received_data(length, event.stream_id)
             return
         data = event.data or b""
-        limit = self.app[MAX_BODY_BYTES]
-        if stream.too_large or stream.received + len(data) > limit:
-            # Nothing more of it is kept, and its window stays open so that the others flow.
+        stream.received += len(data)
+        if stream.received > self.app[MAX_BODY_BYTES]:
             stream.too_large = True
             stream.body.clear()
-            self._h2.acknowledge_received_data(length, event.stream_id)
+            self._h2.acknowledge_received_data(length + stream.unacknowledged, event.stream_id)
+            stream.unacknowledged = 0
         else:
             stream.body.append(data)
             stream.unacknowledged += length
             if stream.reading:
                 self.acknowledge(stream)
-        stream.received += len(data)
         stream.changed.set()
 
     def _on_reset(self, stream_id: int) -> None:
         stream = self._streams.pop(stream_id, None)
         if stream is None:
             return
-        self._resets += 1
         stream.reset = True
+        stream.body.clear()
         stream.changed.set()
+        stream.window.set()
         self.acknowledge(stream)
-        self._window_opened.set()
-        if self._resets > RESETS_TOLERATED and 2 * self._resets > self._streams_seen:
+        if asyncio.get_running_loop().time() - stream.opened > EARLY_RESET_SECONDS:
+            return
+        self._early_resets += 1
+        if self._early_resets > RESETS_TOLERATED and 2 * self._early_resets > self._begun:
             log.warning(
-                "closed an HTTP/2 connection that reset %d of its %d streams",
-                self._resets,
-                self._streams_seen,
+                "told an HTTP/2 caller to calm down: it reset %d of its %d streams at once",
+                self._early_resets,
+                self._begun,
             )
-            self._abort(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self.close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def acknowledge(self, stream: _Stream) -> None:
         """Open the caller's windows again by what was received of `stream` and not
         acknowledged."""
-        if stream.unacknowledged and self.transport is not None:
+        if stream.unacknowledged and not self._dead:
             self._h2.acknowledge_received_data(stream.unacknowledged, stream.id)
             stream.unacknowledged = 0
-            self._flush()
+            self._flush_soon()
+
+    def _every_window_may_have_opened(self) -> None:
+        for stream in self._streams.values():
+            stream.window.set()
 
     # Answering.
 
@@ -440,10 +540,26 @@ class Http2Connection(asyncio.Protocol):
         except Exception:
             log.exception("answering an HTTP/2 request to %s failed", request.path)
             response = _error(500, "internal error")
-        await self._send(stream, response)
+        stream.done = True
+        stream.body.clear()
+        self.acknowledge(stream)
+        try:
+            async with asyncio.timeout(SEND_SECONDS):
+                await self._send(stream, response)
+        except TimeoutError:
+            log.warning(
+                "gave up an HTTP/2 answer to %s: its caller took none of it for %g s",
+                request.path,
+                SEND_SECONDS,
+            )
+            self._reset(stream, h2.errors.ErrorCodes.CANCEL)
+        finally:
+            self._streams.pop(stream.id, None)
+        if self.app[DRAIN].draining:
+            self.close()
 
     async def _send(self, stream: _Stream, response: web.Response) -> None:
-        if stream.reset or self.transport is None:
+        if stream.reset or self._dead:
             return  # nobody to answer (a handler's 499 says as much)
         body = b"" if response.body is None else response.body
         if not isinstance(body, bytes):
@@ -458,12 +574,12 @@ class Http2Connection(asyncio.Protocol):
             ),
         ]
         try:
+            # Headers and the first frames of the body leave in one write.
             self._h2.send_headers(stream.id, headers, end_stream=not body)
-            self._flush()
             sent = 0
             while sent < len(body):
                 await self._writable.wait()
-                if stream.reset or self.transport is None:
+                if stream.reset or self._dead:
                     return
                 room = min(
                     self._h2.local_flow_control_window(stream.id),
@@ -471,30 +587,38 @@ class Http2Connection(asyncio.Protocol):
                     len(body) - sent,
                 )
                 if room <= 0:
-                    self._window_opened.clear()
-                    await self._window_opened.wait()
+                    self._flush()  # what fits goes out meanwhile: the headers at least
+                    stream.window.clear()
+                    await stream.window.wait()
                     continue
                 end = sent + room
                 self._h2.send_data(stream.id, body[sent:end], end_stream=end == len(body))
                 sent = end
                 self._flush()
+            self._flush()  # an answer without a body: its headers alone
             if not stream.ended:
                 # Answered before the whole body came (a 413): the rest is not wanted.
-                self._h2.reset_stream(stream.id, h2.errors.ErrorCodes.NO_ERROR)
-                self._flush()
-        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
-            return  # the caller reset the stream, or left, while it was answered
-        finally:
-            if (done := self._streams.pop(stream.id, None)) is not None:
-                self.acknowledge(done)
-        if self.app[DRAIN].draining:
-            self.close()
+                self._reset(stream, h2.errors.ErrorCodes.NO_ERROR)
+        except h2.exceptions.StreamClosedError:
+            return  # the caller reset the stream while it was answered
+        except h2.exceptions.ProtocolError:
+            log.exception("an HTTP/2 answer could not be sent")
+            self._reset(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
+
+    def _reset(self, stream: _Stream, code: int) -> None:
+        if self._dead:
+            return
+        with contextlib.suppress(h2.exceptions.StreamClosedError):
+            self._h2.reset_stream(stream.id, code)
+        self._flush()
 
     def _answered(self, task: asyncio.Task[None]) -> None:
         self._answering.discard(task)
-        self._in_progress.count -= 1
+        self._in_progress.tasks.discard(task)
         if not task.cancelled() and (error := task.exception()) is not None:
             log.error("an HTTP/2 answer failed", exc_info=error)
+        if self._dead:
+            return
         if self._last_stream is not None:
             self._close_when_done()
         elif not self._answering:
@@ -502,24 +626,37 @@ class Http2Connection(asyncio.Protocol):
 
     # The connection.
 
+    def _flush_soon(self) -> None:
+        """Send what h2 has to send once this turn of the event loop ends, with whatever
+        else it adds meanwhile: one TLS record, not one per frame."""
+        if not self._flush_due:
+            self._flush_due = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
     def _flush(self) -> None:
+        self._flush_due = False
         data = self._h2.data_to_send()
-        if not data or self.transport is None or self.transport.is_closing():
-            return
-        self.transport.write(data)
-        if self.transport.get_write_buffer_size() > MAX_UNSENT_BYTES:
-            log.warning("closed an HTTP/2 connection whose caller does not read its answers")
-            self.transport.abort()
+        if data and self.transport is not None and not self.transport.is_closing():
+            self.transport.write(data)
+
+    def _header_block_pending(self) -> int:
+        """Bytes of a header block h2 holds until its last CONTINUATION frame."""
+        frames = getattr(self._h2.incoming_buffer, "_headers_buffer", ())
+        return sum(len(frame.data) for frame in frames)
 
     def _close_when_done(self) -> None:
         if not self._answering and self.transport is not None:
             self._flush()
             self.transport.close()
 
-    def _abort(self, code: int) -> None:
-        if self.transport is None:
+    def _cut(self, code: int | None = None) -> None:
+        """Close at once, answering nothing more: after a protocol error (h2 has said GOAWAY
+        with its reason unless `code` is given)."""
+        if self.transport is None or self._dead:
             return
-        self._h2.close_connection(error_code=code)
+        self._dead = True
+        if code is not None:
+            self._h2.close_connection(error_code=code)
         self._flush()
         self.transport.close()
 

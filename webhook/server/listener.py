@@ -134,16 +134,22 @@ class LimitedSite(web.BaseSite):
         """Stop listening; HTTP/2 connections answer what they began, then close.
 
         aiohttp's runner then waits for its own connections' answers, up to its shutdown
-        timeout, and the HTTP/2 answers are waited for here as long.
+        timeout; the HTTP/2 answers, those of connections already gone included, are
+        waited for here as long.
         """
         await super().stop()
-        if not self._served_http2:
-            return
-        self._http2_gone.clear()
         for connection in list(self._served_http2):
             connection.close()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._http2_gone.wait(), SHUTDOWN_SECONDS)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SHUTDOWN_SECONDS
+        if self._answers.tasks:
+            await asyncio.wait(set(self._answers.tasks), timeout=SHUTDOWN_SECONDS)
+        if self._served_http2:
+            self._http2_gone.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(
+                    self._http2_gone.wait(), max(0.0, deadline - loop.time()) + 1
+                )
         for connection in list(self._served_http2):
             if connection.transport is not None:
                 connection.transport.abort()

@@ -48,7 +48,7 @@ class H2Client:
         # As the apiserver's Go client: the streams under way are answered after a GOAWAY.
         streams_outlive_goaway(self.h2)
         self.answers: dict[int, Answer] = {}
-        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.goaways: list[h2.events.ConnectionTerminated] = []
         self.closed = asyncio.Event()
         self.settings_seen = asyncio.Event()
         self.window_opened = asyncio.Event()
@@ -84,6 +84,12 @@ class H2Client:
             client._reading = asyncio.get_running_loop().create_task(client._read())
             await asyncio.wait_for(client.settings_seen.wait(), 10)
         return client
+
+    @property
+    def goaway(self) -> h2.events.ConnectionTerminated | None:
+        """The GOAWAY the server sent, if it sent one; it never sends two."""
+        assert len(self.goaways) <= 1, self.goaways
+        return self.goaways[0] if self.goaways else None
 
     def flush(self) -> None:
         data = self.h2.data_to_send()
@@ -205,7 +211,7 @@ class H2Client:
             self.window_opened.set()
             self.pump()
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self.goaway = event
+            self.goaways.append(event)
 
 
 def client_context(ca_file: Any, *, cert: tuple[Any, Any] | None = None) -> ssl.SSLContext:

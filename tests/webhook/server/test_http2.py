@@ -218,15 +218,16 @@ async def test_a_body_over_the_limit_is_refused_and_the_connection_still_flows(
     settings = Settings(max_review_bytes=64 * 1024)
     async with serving(tmp_path, settings=settings) as served:
         client = await served.connect()
-        # Four bodies over the limit, more than the connection's first window altogether:
-        # were their bytes held unacknowledged, the fifth call could not be sent.
+        # Bodies over the limit, more than the connection's whole window in all: were
+        # their bytes held unacknowledged, the last call could not be sent.
         too_large = b"x" * (200 * 1024)
-        refused = [client.open("/validate", too_large, end=False) for _ in range(4)]
-        for stream_id in refused:
-            answer = client.answers[stream_id]
-            await asyncio.wait_for(answer.done.wait(), 10)
-            assert answer.status == 413
-            assert "exceeds the 65536-byte limit" in answer.json()["error"]
+        for _ in range(http2.CONNECTION_WINDOW // len(too_large) // 10 + 1):
+            refused = [client.open("/validate", too_large, end=False) for _ in range(10)]
+            for stream_id in refused:
+                answer = client.answers[stream_id]
+                await asyncio.wait_for(answer.done.wait(), 10)
+                assert answer.status == 413
+                assert "exceeds the 65536-byte limit" in answer.json()["error"]
         assert (await client.review("/validate", gpu_review("after")))["allowed"]
         await client.close()
 
@@ -293,6 +294,7 @@ async def test_reset_streams_hold_their_place_until_their_answers_end(tmp_path: 
         assert stalled.waiting == http2.MAX_STREAMS
         stalled.release.set()
         await eventually(lambda: stalled.waiting == 0, "the answers ended")
+        await eventually(lambda: served.site._answers.count == 0, "every place given back")
         assert (await client.review("/validate", gpu_review("after")))["allowed"]
         await client.close()
 
@@ -315,6 +317,7 @@ async def test_a_connection_that_resets_most_of_its_streams_is_closed(tmp_path: 
         # Told soon after the tolerance ran out: streams refused while the reset ones were
         # still being closed did not count, and those sent after GOAWAY were not read.
         assert sent < 3 * http2.RESETS_TOLERATED
+        await eventually(lambda: served.site._answers.count == 0, "every place given back")
         # Nobody else pays for it.
         assert (await other.review("/validate", gpu_review("other")))["allowed"]
         await other.close()
@@ -402,25 +405,40 @@ async def test_an_idle_connection_is_closed(
         await client.close()
 
 
-async def test_a_caller_that_does_not_read_is_not_answered_into_memory(tmp_path: Path) -> None:
+async def test_an_answer_its_caller_never_takes_is_given_up_and_its_place_freed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http2, "SEND_SECONDS", 0.3)
     async with serving(tmp_path) as served:
-        client = await served.connect()
-        # Windows wide open, and then nothing read: the answers must wait in the server,
-        # not pile up in its buffers.
-        client.h2.increment_flow_control_window(2**31 - 1 - 65_535)
-        client.flush()
-        assert client._reading is not None
-        client._reading.cancel()
-        for _ in range(http2.MAX_STREAMS):
-            client.open("/metrics", method="GET", headers={})
-        [connection] = served.site._served_http2
-        await asyncio.sleep(1)
-        assert connection.transport is not None
-        assert connection.transport.get_write_buffer_size() < http2.MAX_UNSENT_BYTES
+        # No window for any answer's body: each waits for room that never comes.
+        client = await served.connect(window=0)
+        answers = [client.answers[client.open("/metrics", method="GET", headers={})]]
+        answers += [client.answers[client.open("/healthz", method="GET", headers={})]]
+        for answer in answers:
+            await asyncio.wait_for(answer.done.wait(), 10)
+            assert answer.status == 200  # its headers came, then nothing
+            assert answer.reset == h2.errors.ErrorCodes.CANCEL
+        assert served.site._answers.count == 0
         other = await served.connect()
         assert (await other.review("/validate", gpu_review("other")))["allowed"]
         for each in (client, other):
             await each.close()
+
+
+async def test_a_body_sent_after_its_answer_is_dropped_not_kept(tmp_path: Path) -> None:
+    async with serving(tmp_path, budget=RequestBudget(read_seconds=0.3)) as served:
+        # Its 503 cannot be sent (no window for it), so the stream stays open meanwhile.
+        client = await served.connect(window=0)
+        stream_id = client.open("/validate", b"{", end=False)
+        await eventually(lambda: client.answers[stream_id].status == 503, "the 503's headers")
+        # Three windows' worth more: the server opens its windows for them, and keeps none.
+        client.unsent[stream_id] = (b"x" * (3 * http2.STREAM_WINDOW), False)
+        client.pump()
+        await eventually(lambda: not client.unsent, "all of the body sent", seconds=3)
+        assert client.answers[stream_id].reset is None  # sent, not cut short
+        [connection] = served.site._served_http2
+        assert all(not stream.body for stream in connection._streams.values())
+        await client.close()
 
 
 async def test_callers_that_do_not_offer_http2_are_served_http1(tmp_path: Path) -> None:
@@ -481,8 +499,8 @@ async def test_headers_over_their_bound_close_the_connection(tmp_path: Path) -> 
         other = await served.connect()
         client.open("/validate", headers={"x-padding": "x" * (2 * http2.MAX_HEADER_BYTES)})
         await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        assert client.goaway is not None  # one, with h2's reason
+        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
         assert (await other.review("/validate", gpu_review("other")))["allowed"]
         for each in (client, other):
             await each.close()
@@ -526,3 +544,68 @@ def test_served_on_uvloop_as_gpuadm_serve_runs(tmp_path: Path) -> None:
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         runner.run(scenario())
+
+
+async def test_a_header_block_held_open_is_bounded(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        # Full CONTINUATION frames of a block that never ends: h2 would keep 64 of them,
+        # a megabyte, until the connection idled out.
+        headers = HeadersFrame(1)
+        headers.data = client.h2.encoder.encode([(":method", "POST"), (":path", "/validate")])
+        client.writer.write(headers.serialize())
+        for _ in range(http2.MAX_HEADER_BLOCK_BYTES // 16_384 + 2):
+            continuation = ContinuationFrame(1)
+            continuation.data = b"\x00" * 16_384
+            client.writer.write(continuation.serialize())
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await client.close()
+
+
+async def test_a_refused_stream_leaves_the_idle_timer_running(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http2, "KEEPALIVE_SECONDS", 0.3)
+    async with serving(tmp_path, max_answers=0) as served:
+        client = await served.connect()
+        refused = await client.call("/validate", orjson.dumps(gpu_review("refused")))
+        assert refused.reset == h2.errors.ErrorCodes.REFUSED_STREAM
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert client.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        await client.close()
+
+
+async def test_a_caller_that_keeps_opening_refused_streams_is_told_to_calm_down(
+    tmp_path: Path,
+) -> None:
+    async with serving(tmp_path, max_answers=0) as served:
+        client = await served.connect()
+        sent = 0
+        while not client.goaways and sent < 3 * http2.REFUSALS_TOLERATED:
+            client.open("/healthz", method="GET", headers={})
+            sent += 1
+            if sent % 50 == 0:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert sent < 2 * http2.REFUSALS_TOLERATED
+        await client.close()
+
+
+async def test_an_old_connection_is_closed_after_its_last_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http2, "MAX_STREAMS_PER_CONNECTION", 3)
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        for n in range(3):
+            assert (await client.review("/validate", gpu_review(f"age-{n}")))["allowed"]
+        # The third was answered, and GOAWAY named it as the last.
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert (client.goaway.error_code, client.goaway.last_stream_id) == (0, 5)
+        await client.close()
