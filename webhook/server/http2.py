@@ -15,14 +15,17 @@ connection may cost is bounded on its own:
   its handler is done, so resetting streams does not make room for more work (the "rapid
   reset" attack); a connection that resets more than half of its streams within
   `EARLY_RESET_SECONDS` of opening them, past `RESETS_TOLERATED`, is told to stop (GOAWAY,
-  ENHANCE_YOUR_CALM). So is one that keeps opening streams it is refused.
+  ENHANCE_YOUR_CALM). So is one that keeps opening streams it is refused; one that goes on
+  after that, or sends frames that begin no work (PING, SETTINGS...) past
+  `IDLE_FRAMES_TOLERATED`, is cut off.
 - replica-wide: at most `MAX_ANSWERS_IN_PROGRESS` streams answered at once over all
   connections; a stream over it is refused (REFUSED_STREAM, which a caller retries).
 - bodies: a stream's bytes are acknowledged (its window opened again) only while its
   handler reads them, so a body not yet read holds at most its window, `STREAM_WINDOW`;
   a body over the app's `client_max_size`, or sent after its handler is done, is dropped.
 - headers: at most `MAX_HEADER_BYTES` decoded, and at most `MAX_HEADER_BLOCK_BYTES` of a
-  block waiting for its last CONTINUATION frame.
+  block waiting for its last CONTINUATION frame; no frame larger than the 16 KiB allowed
+  is held while it arrives.
 - output: while the caller does not read, nothing more is read from it either; an answer
   waits for the caller's window for `SEND_SECONDS` at most, then its stream is reset.
 - time and age: each request has the handlers' own read budget; a connection with nothing
@@ -77,9 +80,16 @@ MAX_HEADER_BLOCK_BYTES = 2 * MAX_HEADER_BYTES
 # apiserver cancels a call only once its webhook timeout (a second at least) is out.
 EARLY_RESET_SECONDS = 0.5
 RESETS_TOLERATED = 100
-# Streams a connection may have refused in `REFUSALS_SECONDS` before it is told to stop.
-REFUSALS_TOLERATED = 4 * MAX_STREAMS
+# Streams a connection may have refused in `REFUSALS_SECONDS` before it is told to stop:
+# the apiserver sends a refused call again at once, then after 1, 2 and 4 s, so a replica
+# at its limits refuses each of 100 calls about five times.
+REFUSALS_TOLERATED = 20 * MAX_STREAMS
 REFUSALS_SECONDS = 10.0
+# Frames that begin no work (PING, SETTINGS, WINDOW_UPDATE, empty DATA, PRIORITY, unknown
+# kinds) a connection may send in `REFUSALS_SECONDS`, and streams it may open after our
+# GOAWAY: a caller past either is cut off.
+IDLE_FRAMES_TOLERATED = 5_000
+AFTER_GOAWAY_TOLERATED = MAX_STREAMS
 # How long an answer waits for the caller to take it (its window, its reading).
 SEND_SECONDS = 10.0
 KEEPALIVE_SECONDS = 75.0
@@ -89,6 +99,7 @@ MAX_CONNECTION_SECONDS = 300.0
 # Closed streams h2 remembers, to tell a late frame of one from a protocol error: h2's own
 # 65,536 weigh 7.5 MiB a connection.
 MAX_CLOSED_STREAMS = 1024
+_FRAME_HEADER_BYTES = 9
 # The largest frame any HTTP/2 peer takes.
 _SMALLEST_FRAME = 16_384
 # Headers of HTTP/1.1 connections, which HTTP/2 forbids.
@@ -178,7 +189,7 @@ class _Stream:
         self.id = stream_id
         self.headers = headers
         self.opened = opened
-        self.body: list[bytes] = []
+        self.body = bytearray()
         self.received = 0
         self.unacknowledged = 0
         self.ended = False
@@ -246,7 +257,7 @@ class Http2Request:
                         max_size=self._connection.app[MAX_BODY_BYTES], actual_size=stream.received
                     )
                 if stream.ended:
-                    body = b"".join(stream.body)
+                    body = bytes(stream.body)
                     stream.body.clear()
                     return body
                 stream.changed.clear()
@@ -297,6 +308,11 @@ class Http2Connection(asyncio.Protocol):
         self._early_resets = 0
         self._refused = 0
         self._refused_since = 0.0
+        self._idle_frames = 0
+        self._begun_lately = 0
+        self._after_goaway = 0
+        # Set by the listener when it stops: GOAWAY as soon as the connection is made.
+        self.close_on_arrival = False
         self._opened = 0.0
         # Once GOAWAY is sent: the last stream this connection answers.
         self._last_stream: int | None = None
@@ -317,6 +333,8 @@ class Http2Connection(asyncio.Protocol):
         self._h2.increment_flow_control_window(CONNECTION_WINDOW - STREAM_WINDOW)
         self._flush()
         self._idle_from_now()
+        if self.close_on_arrival:
+            self.close()
 
     def data_received(self, data: bytes) -> None:
         if self._dead:
@@ -338,6 +356,10 @@ class Http2Connection(asyncio.Protocol):
         if self._header_block_pending() > MAX_HEADER_BLOCK_BYTES:
             log.warning("closed an HTTP/2 connection whose header block never ended")
             self._cut(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            return
+        if self._frame_pending() > self._h2.max_inbound_frame_size + _FRAME_HEADER_BYTES:
+            log.warning("closed an HTTP/2 connection that sent a frame larger than allowed")
+            self._cut(h2.errors.ErrorCodes.FRAME_SIZE_ERROR)
             return
         self._flush()
 
@@ -388,6 +410,10 @@ class Http2Connection(asyncio.Protocol):
     # The protocol's events.
 
     def _on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, _IDLE_EVENTS) or (
+            isinstance(event, h2.events.DataReceived) and not event.data
+        ):
+            self._idle_frame()
         if isinstance(event, h2.events.RequestReceived):
             self._on_request(event)
         elif isinstance(event, h2.events.DataReceived):
@@ -444,6 +470,7 @@ class Http2Connection(asyncio.Protocol):
         self._in_progress.tasks.add(task)
         task.add_done_callback(self._answered)
         self._begun += 1
+        self._begun_lately += 1
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
@@ -455,9 +482,14 @@ class Http2Connection(asyncio.Protocol):
         # A stream the caller reset already, in the same read, needs nothing more.
         with contextlib.suppress(h2.exceptions.StreamClosedError):
             self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.REFUSED_STREAM)
-        if now - self._refused_since > REFUSALS_SECONDS:
-            self._refused_since = now
-            self._refused = 0
+        if self._last_stream is not None:
+            # Past our GOAWAY only those already on their way may come.
+            self._after_goaway += 1
+            if self._after_goaway > AFTER_GOAWAY_TOLERATED:
+                log.warning("cut off an HTTP/2 caller that kept opening streams after GOAWAY")
+                self._cut(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            return
+        self._window_from(now)
         self._refused += 1
         if self._refused == 1:
             log.warning(
@@ -471,7 +503,34 @@ class Http2Connection(asyncio.Protocol):
                 self._refused,
                 REFUSALS_SECONDS,
             )
+            self._calm()
+
+    def _window_from(self, now: float) -> None:
+        """Start counting refusals and idle frames afresh every `REFUSALS_SECONDS`."""
+        if now - self._refused_since > REFUSALS_SECONDS:
+            self._refused_since = now
+            self._refused = 0
+            self._idle_frames = 0
+            self._begun_lately = 0
+
+    def _idle_frame(self) -> None:
+        self._window_from(asyncio.get_running_loop().time())
+        self._idle_frames += 1
+        # Each stream answered earns its caller a few: its window updates, mostly.
+        if self._idle_frames > IDLE_FRAMES_TOLERATED + 4 * self._begun_lately:
+            log.warning(
+                "cut off an HTTP/2 caller that sent %d frames beginning no work in %g s",
+                self._idle_frames,
+                REFUSALS_SECONDS,
+            )
+            self._cut(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+
+    def _calm(self) -> None:
+        """Tell the caller to stop: what it began is answered, unless it was told already."""
+        if self._last_stream is None:
             self.close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        else:
+            self._cut(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
 
     def _on_data(self, event: h2.events.DataReceived) -> None:
         stream = self._streams.get(event.stream_id)
@@ -488,7 +547,7 @@ class Http2Connection(asyncio.Protocol):
             self._h2.acknowledge_received_data(length + stream.unacknowledged, event.stream_id)
             stream.unacknowledged = 0
         else:
-            stream.body.append(data)
+            stream.body += data
             stream.unacknowledged += length
             if stream.reading:
                 self.acknowledge(stream)
@@ -512,7 +571,7 @@ class Http2Connection(asyncio.Protocol):
                 self._early_resets,
                 self._begun,
             )
-            self.close(h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+            self._calm()
 
     def acknowledge(self, stream: _Stream) -> None:
         """Open the caller's windows again by what was received of `stream` and not
@@ -563,7 +622,9 @@ class Http2Connection(asyncio.Protocol):
             return  # nobody to answer (a handler's 499 says as much)
         body = b"" if response.body is None else response.body
         if not isinstance(body, bytes):
-            raise TypeError(f"an HTTP/2 answer must be bytes, not {type(body).__name__}")
+            log.error("an HTTP/2 answer must be bytes, not %s", type(body).__name__)
+            self._reset(stream, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            return
         headers = [
             (":status", str(response.status)),
             ("content-length", str(len(body))),
@@ -641,8 +702,12 @@ class Http2Connection(asyncio.Protocol):
 
     def _header_block_pending(self) -> int:
         """Bytes of a header block h2 holds until its last CONTINUATION frame."""
-        frames = getattr(self._h2.incoming_buffer, "_headers_buffer", ())
-        return sum(len(frame.data) for frame in frames)
+        return sum(len(frame.data) for frame in self._h2.incoming_buffer._headers_buffer)
+
+    def _frame_pending(self) -> int:
+        """Bytes h2 holds of a frame not whole yet: it checks a frame's announced length
+        only once all of it has come."""
+        return len(self._h2.incoming_buffer._data)
 
     def _close_when_done(self) -> None:
         if not self._answering and self.transport is not None:
@@ -656,7 +721,7 @@ class Http2Connection(asyncio.Protocol):
             return
         self._dead = True
         if code is not None:
-            self._h2.close_connection(error_code=code)
+            self._h2.close_connection(error_code=code, last_stream_id=self._last_stream)
         self._flush()
         self.transport.close()
 
@@ -670,6 +735,19 @@ class Http2Connection(asyncio.Protocol):
         self._idle = None
         if not self._answering:
             self.close()
+
+
+# What a frame that begins no work makes h2 say (a SETTINGS frame's acknowledgement, a
+# PING's, and a connection WINDOW_UPDATE among them).
+_IDLE_EVENTS = (
+    h2.events.PingReceived,
+    h2.events.PingAckReceived,
+    h2.events.RemoteSettingsChanged,
+    h2.events.SettingsAcknowledged,
+    h2.events.WindowUpdated,
+    h2.events.PriorityUpdated,
+    h2.events.UnknownFrameReceived,
+)
 
 
 def _text(value: str | bytes) -> str:

@@ -77,6 +77,7 @@ class LimitedSite(web.BaseSite):
         "_on_refused",
         "_port",
         "_served_http2",
+        "_stopping",
     )
 
     def __init__(
@@ -108,6 +109,7 @@ class LimitedSite(web.BaseSite):
         self._http2 = http2 and ssl_context is not None
         self._served_http2: set[Http2Connection] = set()
         self._answers = AnswersInProgress(max_http2_answers)
+        self._stopping = False
         # Set whenever no HTTP/2 connection is open.
         self._http2_gone = asyncio.Event()
         self._host = host
@@ -138,6 +140,7 @@ class LimitedSite(web.BaseSite):
         waited for here as long.
         """
         await super().stop()
+        self._stopping = True
         for connection in list(self._served_http2):
             connection.close()
         loop = asyncio.get_running_loop()
@@ -210,6 +213,8 @@ class LimitedSite(web.BaseSite):
             self._answers,
             on_closed=self._http2_closed,
         )
+        # One whose handshake ends after the stop began is told at once.
+        connection.close_on_arrival = self._stopping
         self._served_http2.add(connection)
         return connection
 

@@ -49,6 +49,7 @@ class H2Client:
         streams_outlive_goaway(self.h2)
         self.answers: dict[int, Answer] = {}
         self.goaways: list[h2.events.ConnectionTerminated] = []
+        self.ping_acks = 0
         self.closed = asyncio.Event()
         self.settings_seen = asyncio.Event()
         self.window_opened = asyncio.Event()
@@ -87,8 +88,10 @@ class H2Client:
 
     @property
     def goaway(self) -> h2.events.ConnectionTerminated | None:
-        """The GOAWAY the server sent, if it sent one; it never sends two."""
-        assert len(self.goaways) <= 1, self.goaways
+        """The first GOAWAY the server sent, if it sent one. A later one may only name the
+        same last stream or an earlier one (RFC 9113, section 6.8)."""
+        last = [event.last_stream_id or 0 for event in self.goaways]
+        assert last == sorted(last, reverse=True), self.goaways
         return self.goaways[0] if self.goaways else None
 
     def flush(self) -> None:
@@ -212,6 +215,8 @@ class H2Client:
             self.pump()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.goaways.append(event)
+        elif isinstance(event, h2.events.PingAckReceived):
+            self.ping_acks += 1
 
 
 def client_context(ca_file: Any, *, cert: tuple[Any, Any] | None = None) -> ssl.SSLContext:

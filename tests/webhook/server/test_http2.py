@@ -585,10 +585,13 @@ async def test_a_caller_that_keeps_opening_refused_streams_is_told_to_calm_down(
         client = await served.connect()
         sent = 0
         while not client.goaways and sent < 3 * http2.REFUSALS_TOLERATED:
+            if client.h2.open_outbound_streams >= http2.MAX_STREAMS:
+                await asyncio.sleep(0.001)  # the refusals are on their way back
+                continue
             client.open("/healthz", method="GET", headers={})
             sent += 1
             if sent % 50 == 0:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
         await asyncio.wait_for(client.closed.wait(), 10)
         assert client.goaway is not None
         assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
@@ -608,4 +611,98 @@ async def test_an_old_connection_is_closed_after_its_last_answer(
         await asyncio.wait_for(client.closed.wait(), 10)
         assert client.goaway is not None
         assert (client.goaway.error_code, client.goaway.last_stream_id) == (0, 5)
+        await client.close()
+
+
+async def test_a_frame_larger_than_allowed_is_not_held_while_it_arrives(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        # A DATA frame announcing 16 MiB, where 16 KiB is allowed: h2 would hold it all
+        # before it looked at its length.
+        header = (16 * 1024 * 1024 - 1).to_bytes(3, "big") + b"\x00\x00" + (1).to_bytes(4, "big")
+        client.writer.write(header + b"x" * 40_000)
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert client.goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+        await client.close()
+
+
+async def test_streams_after_goaway_are_refused_then_cut_off(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(http2, "MAX_STREAMS_PER_CONNECTION", 1)
+    stalled = Stalled()
+    async with serving(tmp_path, quota=stalled) as served:
+        client = await served.connect()
+        # The first stream makes the connection old: GOAWAY names it, and it is answered.
+        first = client.answers[client.open("/validate", orjson.dumps(gpu_review("first")))]
+        await eventually(lambda: client.goaway is not None, "GOAWAY")
+        after = await client.call("/healthz", method="GET", headers={})
+        assert after.reset == h2.errors.ErrorCodes.REFUSED_STREAM
+        # A caller that ignores it is cut off, its answer in progress with it.
+        for _ in range(http2.AFTER_GOAWAY_TOLERATED + 1):
+            client.open("/healthz", method="GET", headers={})
+            if client.h2.open_outbound_streams >= http2.MAX_STREAMS - 1:
+                await asyncio.sleep(0.01)
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaways[-1].error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        assert first.status == 0
+        stalled.release.set()
+        await eventually(lambda: served.site._answers.count == 0, "every place given back")
+        await client.close()
+
+
+async def test_a_flood_of_pings_is_cut_off(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        sent = 0
+        while not client.closed.is_set() and sent < 2 * http2.IDLE_FRAMES_TOLERATED:
+            client.h2.ping(sent.to_bytes(8, "big"))
+            client.flush()
+            sent += 1
+            if sent % 100 == 0:
+                await asyncio.sleep(0)
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.goaway is not None
+        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await client.close()
+
+
+async def test_late_resets_are_what_the_apiserver_does_and_never_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every reset as late as a timed-out call's.
+    monkeypatch.setattr(http2, "EARLY_RESET_SECONDS", -1.0)
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        for n in range(3 * http2.RESETS_TOLERATED):
+            stream_id = client.open("/validate", end=False)
+            client.h2.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+            client.flush()
+            if n % 20 == 0:
+                await asyncio.sleep(0.01)
+        assert (await client.review("/validate", gpu_review("still")))["allowed"]
+        assert client.goaway is None
+        await client.close()
+
+
+async def test_what_was_due_before_the_callers_goaway_is_still_sent(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        assert (await client.call("/healthz", method="GET", headers={})).status == 200
+        client.h2.ping(b"12345678")
+        client.h2.close_connection()
+        client.flush()  # PING and GOAWAY in one write: h2 would drop the PING's answer
+        await asyncio.wait_for(client.closed.wait(), 10)
+        assert client.ping_acks == 1
+        await client.close()
+
+
+async def test_h2_remembers_a_bounded_number_of_closed_streams(tmp_path: Path) -> None:
+    async with serving(tmp_path) as served:
+        client = await served.connect()
+        for _ in range(http2.MAX_CLOSED_STREAMS + 100):
+            assert (await client.call("/healthz", method="GET", headers={})).status == 200
+        [connection] = served.site._served_http2
+        assert len(connection._h2._closed_streams) <= http2.MAX_CLOSED_STREAMS
         await client.close()
