@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -75,3 +77,26 @@ def make_client(ca: CertifiedKey, common_name: str, *, now: datetime | None = No
         serialization.NoEncryption(),
     )
     return CertifiedKey(cert.public_bytes(serialization.Encoding.PEM), key_pem)
+
+
+@dataclass(frozen=True)
+class CallerFiles:
+    """The files of a caller with a client certificate: the CA gpuadm is told to trust
+    (`--client-ca-file`), and the caller's certificate and key."""
+
+    ca_file: Path
+    cert_file: Path
+    key_file: Path
+
+
+def write_caller(directory: Path, common_name: str = "kube-apiserver") -> CallerFiles:
+    """Make a CA and a client certificate it signed, as the apiserver's, in `directory`."""
+    callers = make_ca(now=datetime.now(UTC))
+    caller = make_client(callers, common_name)
+    files = CallerFiles(
+        directory / "callers.crt", directory / "caller.crt", directory / "caller.key"
+    )
+    files.ca_file.write_bytes(callers.cert_pem)
+    files.cert_file.write_bytes(caller.cert_pem)
+    files.key_file.write_bytes(caller.key_pem)
+    return files

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import ssl
 import stat
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from certs import load_certified_key, server_ssl_context, write_tls_dir
-from tests.certs.factory import make_ca, make_client, make_serving, wall_clock_pair
+from tests.certs.factory import make_ca, make_serving, wall_clock_pair, write_caller
 from tests.certs.handshake import client_context, handshake, peer_certificate
 
 
@@ -102,13 +101,9 @@ def test_server_context_gives_no_session_ticket(
     client.maximum_version = client_max
     client_ca_file = None
     if client_certificate:  # as the apiserver calls gpuadm with --client-ca-file
-        callers = make_ca(now=datetime.now(UTC))
-        caller = make_client(callers, "kube-apiserver")
-        client_ca_file = tmp_path / "callers.crt"
-        client_ca_file.write_bytes(callers.cert_pem)
-        (tmp_path / "caller.crt").write_bytes(caller.cert_pem)
-        (tmp_path / "caller.key").write_bytes(caller.key_pem)
-        client.load_cert_chain(tmp_path / "caller.crt", tmp_path / "caller.key")
+        caller = write_caller(tmp_path)
+        client_ca_file = caller.ca_file
+        client.load_cert_chain(caller.cert_file, caller.key_file)
     server = server_ssl_context(paths.cert_file, paths.key_file, client_ca_file=client_ca_file)
 
     client_end = handshake(server, client)

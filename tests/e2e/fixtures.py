@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import (
+    DROP_SHOWN,
     NAMESPACE,
     SCHEDULER_NAMES,
     Balancer,
@@ -101,6 +102,24 @@ class Deployment:
             self.create_pod(namespace, limits, **kwargs)
         message: str = json.loads(refused.value.body)["message"]
         return message
+
+
+@contextlib.contextmanager
+def restarted_with(deployment: Deployment, args: Sequence[str], what: str) -> Iterator[Deployment]:
+    """The suite's replicas, restarted with `args` (after the suite's own); as they were
+    after. `what` names them in the wait's message."""
+    for process in deployment.processes:
+        process.restart(args)
+    for process in deployment.processes:
+        wait_until(process.ready, f"a replica {what} ready", process.log_tail)
+    try:
+        yield deployment
+    finally:
+        for process in deployment.processes:
+            process.restart(DROP_SHOWN)
+        for process in deployment.processes:
+            wait_until(process.ready, "a replica back as it was", process.log_tail)
+        deployment.route(len(deployment.processes))
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import Deployment, pod_body
+from tests.e2e.fixtures import Deployment, pod_body, restarted_with
 from tests.e2e.gpuadm import DROP_SHOWN, NAMESPACE, GpuadmProcess, wait_until
 from tests.e2e.test_quota import create_retrying, quota
 from webhook.quota.allowances import ALLOWANCE_SECONDS
@@ -34,18 +34,8 @@ ADMITTED_ASIDE = "gpuadm_quota_admitted_from_room_aside_total"
 @pytest.fixture(scope="module")
 def aside(gpuadm: Deployment) -> Iterator[Deployment]:
     """The suite's three replicas, restarted with room set aside; as they were after."""
-    for process in gpuadm.processes:
-        process.restart(ASIDE)
-    for process in gpuadm.processes:
-        wait_until(process.ready, "a replica with room aside ready", process.log_tail)
-    try:
-        yield gpuadm
-    finally:
-        for process in gpuadm.processes:
-            process.restart(DROP_SHOWN)
-        for process in gpuadm.processes:
-            wait_until(process.ready, "a replica back as it was", process.log_tail)
-        gpuadm.route(len(gpuadm.processes))
+    with restarted_with(gpuadm, ASIDE, "with room aside") as restarted:
+        yield restarted
 
 
 def holding(core: kubernetes.client.CoreV1Api, namespace: str) -> list[str]:

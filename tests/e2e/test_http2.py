@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import Deployment
-from tests.e2e.gpuadm import DROP_SHOWN, GpuadmProcess, wait_until
+from tests.e2e.fixtures import Deployment, restarted_with
+from tests.e2e.gpuadm import DROP_SHOWN, GpuadmProcess
 from tests.e2e.test_allowances import streams_of_creates
 from tests.e2e.test_quota import quota
 
@@ -22,18 +22,8 @@ OPENED = "gpuadm_connections_opened_total"
 @pytest.fixture(scope="module")
 def over_http2(gpuadm: Deployment) -> Iterator[Deployment]:
     """The suite's three replicas, restarted with HTTP/2 offered; as they were after."""
-    for process in gpuadm.processes:
-        process.restart(OVER_HTTP2)
-    for process in gpuadm.processes:
-        wait_until(process.ready, "a replica offering HTTP/2 ready", process.log_tail)
-    try:
-        yield gpuadm
-    finally:
-        for process in gpuadm.processes:
-            process.restart(DROP_SHOWN)
-        for process in gpuadm.processes:
-            wait_until(process.ready, "a replica back as it was", process.log_tail)
-        gpuadm.route(len(gpuadm.processes))
+    with restarted_with(gpuadm, OVER_HTTP2, "offering HTTP/2") as restarted:
+        yield restarted
 
 
 def opened(processes: list[GpuadmProcess], protocol: str) -> float:

@@ -27,7 +27,7 @@ from certs import new_ca, new_serving_cert, server_ssl_context, write_tls_dir
 from policies import Plan
 from policies.judge import QuotaVerdict
 from tests.builders import large_pod, pod, review
-from tests.certs.factory import make_ca, make_client
+from tests.certs.factory import write_caller
 from tests.webhook.calls import decoded_patch
 from tests.webhook.server.h2client import H2Client, client_context
 from tests.webhook.server.test_server import snapshot
@@ -142,6 +142,13 @@ def gpu_review(uid: str) -> dict[str, Any]:
     return review(_CLASS_POD, uid=uid)
 
 
+async def closed_with(client: H2Client, code: int) -> None:
+    """Wait until the server closes `client`'s connection, its first GOAWAY saying `code`."""
+    await asyncio.wait_for(client.closed.wait(), 10)
+    assert client.goaway is not None
+    assert client.goaway.error_code == code
+
+
 async def eventually(check: Callable[[], bool], what: str, seconds: float = 10) -> None:
     deadline = asyncio.get_running_loop().time() + seconds
     while not check():
@@ -254,20 +261,14 @@ async def test_a_slow_body_is_answered_503_when_its_time_is_up(tmp_path: Path) -
 
 
 async def test_a_caller_without_a_client_certificate_is_refused(tmp_path: Path) -> None:
-    callers = make_ca(now=datetime.now(UTC))
-    caller = make_client(callers, "kube-apiserver")
-    client_ca_file = tmp_path / "callers.crt"
-    client_ca_file.write_bytes(callers.cert_pem)
-    (tmp_path / "caller.crt").write_bytes(caller.cert_pem)
-    (tmp_path / "caller.key").write_bytes(caller.key_pem)
+    caller = write_caller(tmp_path)
+    client_ca_file = caller.ca_file
     async with serving(tmp_path, client_ca_file=client_ca_file) as served:
         anonymous = await served.connect()
         answer = await anonymous.call("/validate", orjson.dumps(gpu_review("anon")))
         assert answer.status == 401
         assert "client certificate" in answer.json()["error"]
-        context = client_context(
-            served.ca_file, cert=(tmp_path / "caller.crt", tmp_path / "caller.key")
-        )
+        context = client_context(served.ca_file, cert=(caller.cert_file, caller.key_file))
         apiserver = await H2Client.connect(served.port, context)
         assert (await apiserver.review("/validate", gpu_review("known")))["allowed"]
         for client in (anonymous, apiserver):
@@ -311,9 +312,7 @@ async def test_a_connection_that_resets_most_of_its_streams_is_closed(tmp_path: 
             sent += 1
             if sent % 20 == 0:
                 await asyncio.sleep(0.01)
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await closed_with(client, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         # Told soon after the tolerance ran out: streams refused while the reset ones were
         # still being closed did not count, and those sent after GOAWAY were not read.
         assert sent < 3 * http2.RESETS_TOLERATED
@@ -351,9 +350,7 @@ async def test_a_caller_that_breaks_the_protocol_is_cut_off_alone(tmp_path: Path
         other = await served.connect()
         # A DATA frame on stream 0, which no stream may carry.
         broken.writer.write(b"\x00\x00\x01\x00\x00\x00\x00\x00\x00x")
-        await asyncio.wait_for(broken.closed.wait(), 10)
-        assert broken.goaway is not None
-        assert broken.goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        await closed_with(broken, h2.errors.ErrorCodes.PROTOCOL_ERROR)
         assert (await other.review("/validate", gpu_review("other")))["allowed"]
         for client in (broken, other):
             await client.close()
@@ -366,9 +363,7 @@ async def test_a_draining_replica_closes_each_connection_after_its_answer(
         client = await served.connect()
         served.app[DRAIN].begin()
         assert (await client.review("/validate", gpu_review("last")))["allowed"]
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        await closed_with(client, h2.errors.ErrorCodes.NO_ERROR)
         await client.close()
 
 
@@ -399,9 +394,7 @@ async def test_an_idle_connection_is_closed(
     async with serving(tmp_path) as served:
         client = await served.connect()
         assert (await client.review("/validate", gpu_review("one")))["allowed"]
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        await closed_with(client, h2.errors.ErrorCodes.NO_ERROR)
         await client.close()
 
 
@@ -498,9 +491,7 @@ async def test_headers_over_their_bound_close_the_connection(tmp_path: Path) -> 
         client = await served.connect()
         other = await served.connect()
         client.open("/validate", headers={"x-padding": "x" * (2 * http2.MAX_HEADER_BYTES)})
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None  # one, with h2's reason
-        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await closed_with(client, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         assert (await other.review("/validate", gpu_review("other")))["allowed"]
         for each in (client, other):
             await each.close()
@@ -523,9 +514,7 @@ async def test_a_flood_of_continuation_frames_closes_the_connection(tmp_path: Pa
             if client.closed.is_set():
                 break
             await asyncio.sleep(0)
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.PROTOCOL_ERROR
+        await closed_with(client, h2.errors.ErrorCodes.PROTOCOL_ERROR)
         await client.close()
 
 
@@ -558,9 +547,7 @@ async def test_a_header_block_held_open_is_bounded(tmp_path: Path) -> None:
             continuation = ContinuationFrame(1)
             continuation.data = b"\x00" * 16_384
             client.writer.write(continuation.serialize())
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await closed_with(client, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await client.close()
 
 
@@ -572,9 +559,7 @@ async def test_a_refused_stream_leaves_the_idle_timer_running(
         client = await served.connect()
         refused = await client.call("/validate", orjson.dumps(gpu_review("refused")))
         assert refused.reset == h2.errors.ErrorCodes.REFUSED_STREAM
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.NO_ERROR
+        await closed_with(client, h2.errors.ErrorCodes.NO_ERROR)
         await client.close()
 
 
@@ -592,9 +577,7 @@ async def test_a_caller_that_keeps_opening_refused_streams_is_told_to_calm_down(
             sent += 1
             if sent % 50 == 0:
                 await asyncio.sleep(0)
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await closed_with(client, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         assert sent < 2 * http2.REFUSALS_TOLERATED
         await client.close()
 
@@ -621,9 +604,7 @@ async def test_a_frame_larger_than_allowed_is_not_held_while_it_arrives(tmp_path
         # before it looked at its length.
         header = (16 * 1024 * 1024 - 1).to_bytes(3, "big") + b"\x00\x00" + (1).to_bytes(4, "big")
         client.writer.write(header + b"x" * 40_000)
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.FRAME_SIZE_ERROR
+        await closed_with(client, h2.errors.ErrorCodes.FRAME_SIZE_ERROR)
         await client.close()
 
 
@@ -662,9 +643,7 @@ async def test_a_flood_of_pings_is_cut_off(tmp_path: Path) -> None:
             sent += 1
             if sent % 100 == 0:
                 await asyncio.sleep(0)
-        await asyncio.wait_for(client.closed.wait(), 10)
-        assert client.goaway is not None
-        assert client.goaway.error_code == h2.errors.ErrorCodes.ENHANCE_YOUR_CALM
+        await closed_with(client, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
         await client.close()
 
 
