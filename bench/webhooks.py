@@ -1,7 +1,8 @@
 """Who answers the apiserver's webhook calls in the benchmark.
 
 - gpuadm: `REPLICAS` `gpuadm serve` processes in cluster mode behind the end-to-end suite's
-  balancer, registered with the webhook configurations deploy/ ships, as the suite does;
+  balancer (in a process of its own, `bench.relay`), registered with the webhook
+  configurations deploy/ ships, as the suite does;
   with `BENCH_ARGS`, as a cluster runs them once no older replica is left: reservations
   leave the record once shown, and room is set aside so that most admissions write nothing;
   then restarted with `HTTP2_ARGS`, offering HTTP/2, which the apiserver takes.
@@ -25,12 +26,12 @@ from typing import Any
 
 import kubernetes.client
 
+from bench.relay import RelayProcess
 from bench.server import Served
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.fixtures import Deployment, pod_body
 from tests.e2e.gpuadm import (
     DROP_SHOWN,
-    Balancer,
     GpuadmProcess,
     make_tls,
     put_configmap,
@@ -81,7 +82,7 @@ def gpuadm_replicas(
         GpuadmProcess(plane, tls, workdir, index, extra_args=BENCH_ARGS)
         for index in range(REPLICAS)
     ]
-    balancer = Balancer()
+    balancer = RelayProcess()
     balancer.start()
     try:
         for process in processes:

@@ -26,6 +26,7 @@ from tests.e2e.gpuadm import (
     SCHEDULER_NAMES,
     Balancer,
     GpuadmProcess,
+    Routing,
     install_quota_view,
     make_tls,
     put_configmap,
@@ -48,7 +49,7 @@ class Deployment:
     """gpuadm as deployed for the suite: processes, the balancer in front, and the API."""
 
     processes: list[GpuadmProcess]
-    balancer: Balancer
+    balancer: Routing
     core: kubernetes.client.CoreV1Api
     api: kubernetes.client.ApiClient
     ca_file: Path

@@ -17,7 +17,7 @@ import urllib.request
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import kubernetes.client
 import yaml
@@ -155,6 +155,14 @@ class GpuadmProcess:
             return error.code, error.read().decode()
         except OSError:
             return 0, ""
+
+
+class Routing(Protocol):
+    """What a deployment asks of what is in front of its replicas."""
+
+    port: int
+
+    def route_to(self, ports: list[int]) -> None: ...
 
 
 class Balancer:
