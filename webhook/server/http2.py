@@ -254,7 +254,7 @@ class Http2Request:
                     raise ConnectionResetError("the caller reset the stream")
                 if stream.too_large:
                     raise web.HTTPRequestEntityTooLarge(
-                        max_size=self._connection.app[MAX_BODY_BYTES], actual_size=stream.received
+                        max_size=self._connection.max_body_bytes, actual_size=stream.received
                     )
                 if stream.ended:
                     body = bytes(stream.body)
@@ -279,6 +279,11 @@ class Http2Connection(asyncio.Protocol):
         """Answer with `app`'s `ROUTES`; count answers in `in_progress`, shared by the
         replica's connections; `on_closed` is called once the connection is gone."""
         self.app = app
+        # What the app holds for every stream, read once.
+        self.max_body_bytes = app[MAX_BODY_BYTES]
+        self._routes = app[ROUTES]
+        self._paths = frozenset(path for _, path in self._routes)
+        self._drain = app[DRAIN]
         self.transport: asyncio.Transport | None = None
         self._in_progress = in_progress
         self._on_closed = on_closed
@@ -392,11 +397,6 @@ class Http2Connection(asyncio.Protocol):
             self.transport.resume_reading()
 
     # What the listener asks.
-
-    @property
-    def answering(self) -> int:
-        """Streams being answered now."""
-        return len(self._answering)
 
     def close(self, code: int = h2.errors.ErrorCodes.NO_ERROR) -> None:
         """Answer the streams already begun, begin no more, then close (GOAWAY)."""
@@ -541,7 +541,7 @@ class Http2Connection(asyncio.Protocol):
             return
         data = event.data or b""
         stream.received += len(data)
-        if stream.received > self.app[MAX_BODY_BYTES]:
+        if stream.received > self.max_body_bytes:
             stream.too_large = True
             stream.body.clear()
             self._h2.acknowledge_received_data(length + stream.unacknowledged, event.stream_id)
@@ -588,11 +588,11 @@ class Http2Connection(asyncio.Protocol):
     # Answering.
 
     async def _answer(self, stream: _Stream, request: Http2Request) -> None:
-        handler = self.app[ROUTES].get((request.method, request.path))
+        handler = self._routes.get((request.method, request.path))
         try:
             if handler is not None:
                 response = await handler(request)
-            elif any(path == request.path for _, path in self.app[ROUTES]):
+            elif request.path in self._paths:
                 response = _error(405, f"{request.method} is not allowed on {request.path}")
             else:
                 response = _error(404, f"no such path: {request.path}")
@@ -614,7 +614,7 @@ class Http2Connection(asyncio.Protocol):
             self._reset(stream, h2.errors.ErrorCodes.CANCEL)
         finally:
             self._streams.pop(stream.id, None)
-        if self.app[DRAIN].draining:
+        if self._drain.draining:
             self.close()
 
     async def _send(self, stream: _Stream, response: web.Response) -> None:

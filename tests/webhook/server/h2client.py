@@ -52,7 +52,6 @@ class H2Client:
         self.ping_acks = 0
         self.closed = asyncio.Event()
         self.settings_seen = asyncio.Event()
-        self.window_opened = asyncio.Event()
         self.remote_settings: dict[int, int] = {}
         # Bodies not sent yet for want of window: (what is left, whether to end the stream).
         self.unsent: dict[int, tuple[bytes, bool]] = {}
@@ -211,7 +210,6 @@ class H2Client:
                 reset.reset = event.error_code
                 reset.done.set()
         elif isinstance(event, h2.events.WindowUpdated):
-            self.window_opened.set()
             self.pump()
         elif isinstance(event, h2.events.ConnectionTerminated):
             self.goaways.append(event)
