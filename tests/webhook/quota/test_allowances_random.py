@@ -1,7 +1,12 @@
 """Room set aside, in random interleavings: three replicas (one without allowances), their
 keepers, writes that fail before or after they land, full records, dry runs, retried
 requests, pods shown and deleted, and a replica killed and started anew. Whatever happens,
-the pods admitted and alive never exceed a limit."""
+the pods admitted and alive never exceed a limit.
+
+The cluster keeps the order the apiserver keeps: an admitted pod is stored a moment later,
+and only then does a replica started anew list it, or a user delete it. Each replica's watch
+shows every change in order, each a moment late, so the replicas' views lag each other (the
+lag a record's mark makes a judgement wait out, with `drop_shown`)."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ import pytest
 from policies import plan, require_fixed_point
 from tests.webhook.quota.stores import FailingStore, Fate
 from tests.webhook.quota.test_ledger import config, request, stored_pod
+from webhook.config.snapshot import ConfigSnapshot
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.usage import UsageIndex
 
@@ -45,8 +51,42 @@ def flaky(rng: random.Random, flaky: list[bool]) -> FailingStore:
     return FailingStore(fate, delay=lambda: rng.random() * 0.01)
 
 
+# How late a replica's watch may show an event, after the apiserver stored it.
+LAG_SECONDS = 0.3
+
+
+class Watch:
+    """One replica's watch of pods: the cluster's events, in order, each shown up to
+    `LAG_SECONDS` late (and only then does the view count as complete up to it)."""
+
+    def __init__(self, usage: UsageIndex, rng: random.Random, snapshot: ConfigSnapshot) -> None:
+        self.usage = usage
+        self.rng = rng
+        self.snapshot = snapshot
+        self.events: asyncio.Queue[tuple[int, str, dict[str, Any] | None, float]] = asyncio.Queue()
+        self.task = asyncio.create_task(self._show())
+
+    def send(self, version: int, uid: str, body: dict[str, Any] | None) -> None:
+        """Send the event of a pod stored (`body`) or deleted (None) at `version`."""
+        due = asyncio.get_running_loop().time() + self.rng.random() * LAG_SECONDS
+        self.events.put_nowait((version, uid, body, due))
+
+    async def _show(self) -> None:
+        usage, snapshot = self.usage, self.snapshot
+        while True:
+            version, uid, body, due = await self.events.get()
+            await asyncio.sleep(max(0.0, due - asyncio.get_running_loop().time()))
+            if body is None:
+                usage.forget(uid, version=version)
+            else:
+                usage.observe(
+                    body, snapshot.policy, snapshot.quotas, now=time.time(), version=version
+                )
+            usage.advance(version)
+
+
 class Cluster:
-    """The pods alive, the replicas' views of them, and what was ever over a limit."""
+    """The pods alive, the replicas' watches of them, and what was ever over a limit."""
 
     def __init__(self, rng: random.Random, store: FailingStore, *, drop_shown: bool) -> None:
         self.rng = rng
@@ -55,28 +95,33 @@ class Cluster:
         self.snapshot = config(QUOTAS)
         self.version = 1
         self.alive: dict[str, tuple[str, Fraction, dict[str, Any]]] = {}
+        # The pods alive that are stored: the only ones a list or a delete meets.
+        self.stored: set[str] = set()
         self.ever: set[str] = set()
-        self.views: list[UsageIndex] = []
+        self.watches: dict[UsageIndex, Watch] = {}
         self.over: list[str] = []
         self.admitted = 0
-        self.showing: set[asyncio.Task[None]] = set()
+        self.storing: set[asyncio.Task[None]] = set()
 
     def replica(self, *, allowances: bool) -> QuotaLedger:
-        """Start a replica whose watch has listed every pod alive."""
+        """Start a replica whose watch has listed every pod stored: a pod admitted but
+        not stored yet is shown by its watch later, as by the others'. A list marks no pod
+        as shown by a watch event (as `UsageIndex.replace_all`)."""
         usage = UsageIndex()
-        for _, _, body in self.alive.values():
-            self._observe(usage, body)
+        snapshot = self.snapshot
+        for uid in self.stored:
+            usage.observe(self.alive[uid][2], snapshot.policy, snapshot.quotas, now=time.time())
         usage.advance(self.version)
-        self.views.append(usage)
+        self.watches[usage] = Watch(usage, self.rng, snapshot)
         return QuotaLedger(
             usage, self.store, pods_visible=True, allowances=allowances, drop_shown=self.drop_shown
         )
 
     def stop(self, replica: QuotaLedger) -> None:
-        self.views.remove(replica.book.usage)
+        self.watches.pop(replica.book.usage).task.cancel()
 
     async def create(self, replica: QuotaLedger, body: dict[str, Any], *, dry_run: bool) -> None:
-        """Ask a replica to admit a pod; one admitted is stored and shown a moment later."""
+        """Ask a replica to admit a pod; one admitted is stored a moment later."""
         planned = require_fixed_point(plan(body, self.snapshot.policy))
         outcome = await replica.admit(request(body, dry_run=dry_run), planned, self.snapshot)
         uid = body["metadata"]["uid"]
@@ -87,32 +132,38 @@ class Cluster:
         self.alive[uid] = (planned.class_name, planned.charge, body)
         self.admitted += 1
         self._check(uid)
-        # Stored: every watch shows it a moment later, whatever becomes of this replica.
-        showing = asyncio.create_task(self._show(body))
-        self.showing.add(showing)
-        showing.add_done_callback(self.showing.discard)
+        # Stored a moment later, whatever becomes of this replica.
+        storing = asyncio.create_task(self._store(body))
+        self.storing.add(storing)
+        storing.add_done_callback(self.storing.discard)
 
-    async def _show(self, body: dict[str, Any]) -> None:
+    async def _store(self, body: dict[str, Any]) -> None:
         await asyncio.sleep(self.rng.random() * 0.3)
-        self.version += 1
-        for usage in self.views:
-            self._observe(usage, body)
-            usage.advance(self.version)
+        uid = body["metadata"]["uid"]
+        self.stored.add(uid)
+        self._event(uid, body)
 
     async def delete_now_and_then(self) -> None:
         while True:
             await asyncio.sleep(self.rng.random() * 0.4)
-            if self.alive:
-                uid = self.rng.choice(sorted(self.alive))
+            if self.stored:
+                uid = self.rng.choice(sorted(self.stored))
+                self.stored.discard(uid)
                 del self.alive[uid]
-                self.version += 1
-                for usage in self.views:
-                    usage.forget(uid, version=self.version)
-                    usage.advance(self.version)
+                self._event(uid, None)
 
-    def _observe(self, usage: UsageIndex, body: dict[str, Any]) -> None:
-        snapshot = self.snapshot
-        usage.observe(body, snapshot.policy, snapshot.quotas, now=time.time(), version=self.version)
+    def _event(self, uid: str, body: dict[str, Any] | None) -> None:
+        """Store a change of a pod at the next resourceVersion; every watch shows it."""
+        self.version += 1
+        for watch in self.watches.values():
+            watch.send(self.version, uid, body)
+
+    async def settle(self) -> None:
+        """Wait for every pod admitted to be stored; stop the watches."""
+        await asyncio.gather(*self.storing)
+        for watch in self.watches.values():
+            watch.task.cancel()
+        await asyncio.gather(*(w.task for w in self.watches.values()), return_exceptions=True)
 
     def _check(self, uid: str) -> None:
         used: dict[str, Fraction] = {}
@@ -172,7 +223,7 @@ async def test_random_interleavings_never_admit_past_a_limit(seed: int, drop_sho
         task.add_done_callback(creates.pop)
     flaking[0] = False
     await asyncio.gather(*creates, return_exceptions=True)
-    await asyncio.gather(*cluster.showing)
+    await cluster.settle()
     for task in (*keepers, deleter):
         task.cancel()
     await asyncio.gather(*keepers, deleter, return_exceptions=True)
