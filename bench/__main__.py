@@ -123,8 +123,17 @@ def header(results: dict[str, Any]) -> str:
         f"HTTP: vegeta over TLS keep-alive, {endpoints['connections']} connections, "
         f"{endpoints['review_bytes']}-byte reviews of every backend, {endpoints['seconds']:g} s "
         f"x {endpoints['rounds']} round(s) per figure; {results['pinning']}\n"
-        f"{_stolen(results)}"
+        f"{_balancer(results)}{_stolen(results)}"
     )
+
+
+def _balancer(results: dict[str, Any]) -> str:
+    """Say what spread the bursts over several replicas (`bench.kernel`, `bench.relay`)."""
+    balancer = results.get("apiserver", {}).get("balancer")
+    if balancer is None:
+        return ""
+    how = "NAT rules in the kernel, as a Service" if balancer == "kernel" else "a relay process"
+    return f"Bursts through several replicas: balanced by {how}\n"
 
 
 def _stolen(results: dict[str, Any]) -> str:

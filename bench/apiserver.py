@@ -123,9 +123,10 @@ def measure(*, count: int, rounds: int, churn_seconds: float) -> dict[str, Any]:
             probe_namespace="open",
             probe_resource=GPUADM_RESOURCE,
         ) as deployment:
-            return asyncio.run(
+            figures = asyncio.run(
                 _measure(plane, deployment, bursts, count=count, churn_seconds=churn_seconds)
             )
+            return {**figures, "balancer": getattr(deployment.balancer, "name", "relay")}
 
 
 async def _measure(
@@ -152,7 +153,7 @@ async def _measure(
         for round_ in range(len(bursts["native"])):
             for kind, (resource, replicas) in BURSTS.items():
                 # One replica is called straight, as the no-op webhooks are; several need
-                # the balancer, which relays every byte in this process (see `point`).
+                # the balancer (see `point`).
                 if replicas and (replicas == 1) != direct:
                     direct = replicas == 1
                     await asyncio.to_thread(point, deployment, direct=direct)

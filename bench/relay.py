@@ -22,6 +22,8 @@ from tests.support import ROOT
 class RelayProcess:
     """`Balancer`'s interface, served by `python -m bench.relay` in a child process."""
 
+    name = "relay"
+
     def __init__(self) -> None:
         self.port = 0
         self.backends: list[int] = []

@@ -1,8 +1,9 @@
 """Who answers the apiserver's webhook calls in the benchmark.
 
-- gpuadm: `REPLICAS` `gpuadm serve` processes in cluster mode behind the end-to-end suite's
-  balancer (in a process of its own, `bench.relay`), registered with the webhook
-  configurations deploy/ ships, as the suite does;
+- gpuadm: `REPLICAS` `gpuadm serve` processes in cluster mode behind a balancer, registered
+  with the webhook configurations deploy/ ships, as the suite does. The balancer forwards
+  in the kernel as a Service does (`bench.kernel`) where the machine lets it, else it is
+  the end-to-end suite's relay in a process of its own (`bench.relay`);
   with `BENCH_ARGS`, as a cluster runs them once no older replica is left: reservations
   leave the record once shown, and room is set aside so that most admissions write nothing;
   then restarted with `HTTP2_ARGS`, offering HTTP/2, which the apiserver takes.
@@ -26,6 +27,7 @@ from typing import Any
 
 import kubernetes.client
 
+from bench.kernel import KernelBalancer
 from bench.relay import RelayProcess
 from bench.server import Served
 from tests.e2e.cluster import ControlPlane
@@ -82,7 +84,9 @@ def gpuadm_replicas(
         GpuadmProcess(plane, tls, workdir, index, extra_args=BENCH_ARGS)
         for index in range(REPLICAS)
     ]
-    balancer = RelayProcess()
+    balancer: KernelBalancer | RelayProcess = (
+        KernelBalancer() if KernelBalancer.available() else RelayProcess()
+    )
     balancer.start()
     try:
         for process in processes:
@@ -139,12 +143,11 @@ def point_gpuadm_webhooks(
 ) -> None:
     """Point gpuadm's webhooks straight at its first replica, or back at the balancer.
 
-    Sequential creates go straight to one replica, as the no-op webhooks are called: in a
-    cluster a Service routes in the kernel, while the suite's balancer relays every byte
-    through Python in the benchmark's own process, about 0.5 ms a call. Bursts need the
-    balancer, to spread over replicas. With the balancer routing nowhere, a create reaches
-    gpuadm only through the configuration pointing past it, which tells when the
-    apiserver has taken up the new one.
+    Sequential creates go straight to one replica, as the no-op webhooks are called, so that
+    they measure the same whichever balancer the machine allows (the relay costs about
+    0.5 ms a call). Bursts need the balancer, to spread over replicas. With the balancer
+    routing nowhere, a create reaches gpuadm only through the configuration pointing past
+    it, which tells when the apiserver has taken up the new one.
     """
     first = deployment.processes[0]
     base = f"https://127.0.0.1:{first.port}" if direct else deployment.url

@@ -1,0 +1,97 @@
+"""The benchmark's balancer in the kernel, as a Service's is with kube-proxy in iptables mode.
+
+The relay (`bench.relay`) copies every byte through Python, in a process of its own: on
+two cores its CPU comes out of the apiserver's and gpuadm's, and a burst through three
+replicas measured the relay with them. A cluster's Service forwards in the kernel. With
+root and iptables, the benchmark does too, as kube-proxy does: the balancer's address is a
+port nobody listens on, and a chain of NAT rules sends each new connection to it on to one
+replica's port, each rule taking a connection with the probability that spreads them
+evenly. Once a connection is made, no byte of it leaves the kernel.
+
+Taking a replica out of the route cuts the connections through the balancer (`ss -K`, the
+kernel's socket destroy), so that the apiserver dials again and lands where the route now
+says: a replica behind a Service that stops answering is left the same way, when its
+connections fail. Where the rules cannot be made (not root, no iptables), the benchmark
+uses the relay, and its results say which balancer it ran behind.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from fractions import Fraction
+
+TABLE = ("iptables", "-w", "-t", "nat")
+
+
+class KernelBalancer:
+    """`Balancer`'s interface, served by NAT rules on loopback."""
+
+    name = "kernel"
+
+    def __init__(self) -> None:
+        # Held bound (never listening) so that no other socket takes the port while the
+        # rules route it: a connection the rules do not redirect is refused.
+        self._reserved = socket.socket()
+        self._reserved.bind(("127.0.0.1", 0))
+        self.port: int = self._reserved.getsockname()[1]
+        self.backends: list[int] = []
+        self.chain = f"GPUADM-BENCH-{self.port}"
+        self._jump = ("OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(self.port))
+
+    @staticmethod
+    def available() -> bool:
+        """Tell whether this machine lets the benchmark make NAT rules (root, iptables)."""
+        if os.geteuid() != 0 or shutil.which("iptables") is None or shutil.which("ss") is None:
+            return False
+        probe = subprocess.run([*TABLE, "-L", "OUTPUT", "-n"], capture_output=True, check=False)
+        return probe.returncode == 0
+
+    def start(self) -> None:
+        """Make the balancer's chain, and send connections to its port through it."""
+        _iptables("-N", self.chain)
+        _iptables("-A", *self._jump, "-j", self.chain)
+
+    def route_to(self, ports: list[int]) -> None:
+        """Send new connections to these ports, evenly at random; cut open ones if a port
+        left the route (they dial again, and are routed anew)."""
+        removed = set(self.backends) - set(ports)
+        _iptables("-F", self.chain)
+        for index, port in enumerate(ports):
+            left = len(ports) - index
+            chance = [] if left == 1 else ["-m", "statistic", "--mode", "random"]
+            if left > 1:
+                chance += ["--probability", _decimal(Fraction(1, left))]
+            _iptables(
+                "-A", self.chain, "-p", "tcp", *chance, "-j", "REDIRECT", "--to-ports", str(port)
+            )
+        self.backends = list(ports)
+        if removed:
+            subprocess.run(
+                ["ss", "-K", "-t", "dst", "127.0.0.1", "dport", "=", f":{self.port}"],
+                check=True,
+                capture_output=True,
+            )
+
+    def stop(self) -> None:
+        """Cut every connection, and remove the rules."""
+        try:
+            self.route_to([])
+        finally:
+            subprocess.run([*TABLE, "-D", *self._jump, "-j", self.chain], check=False)
+            subprocess.run([*TABLE, "-F", self.chain], check=False)
+            subprocess.run([*TABLE, "-X", self.chain], check=False)
+            self._reserved.close()
+
+
+def _iptables(*args: str) -> None:
+    done = subprocess.run([*TABLE, *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"iptables {' '.join(args)}: {done.stderr.strip()}")
+
+
+def _decimal(chance: Fraction) -> str:
+    """Write a probability as iptables' statistic match takes it."""
+    return f"{float(chance):.8f}"

@@ -1,0 +1,83 @@
+"""The benchmark's kernel balancer (`bench.kernel`), on this machine's own NAT rules: it
+spreads new connections over its ports, cuts those open when a port leaves the route, and
+leaves no rule behind."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import socketserver
+import subprocess
+import threading
+from collections import Counter
+from collections.abc import Iterator
+
+import pytest
+
+from bench.kernel import TABLE, KernelBalancer
+
+pytestmark = pytest.mark.skipif(
+    not KernelBalancer.available(), reason="needs root and iptables to make NAT rules"
+)
+
+
+class SaysItsPort(socketserver.BaseRequestHandler):
+    """Answer each connection with the server's port, then hold it open until cut."""
+
+    def handle(self) -> None:
+        port = self.request.getsockname()[1]  # the server's own, past the NAT
+        self.request.sendall(f"{port}\n".encode())
+        with contextlib.suppress(ConnectionResetError):  # cut by the balancer
+            self.request.recv(1)
+
+
+class Servers(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+@pytest.fixture
+def servers() -> Iterator[list[int]]:
+    started = [Servers(("127.0.0.1", 0), SaysItsPort) for _ in range(3)]
+    for server in started:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield [server.server_address[1] for server in started]
+    for server in started:
+        server.shutdown()
+        server.server_close()
+
+
+def connect(port: int) -> tuple[socket.socket, int]:
+    """Connect to the balancer; return the connection and the port that answered."""
+    connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+    return connection, int(connection.makefile().readline())
+
+
+def test_spreads_connections_cuts_them_when_a_port_leaves_and_cleans_up(
+    servers: list[int],
+) -> None:
+    balancer = KernelBalancer()
+    balancer.start()
+    try:
+        balancer.route_to(servers)
+        reached: Counter[int] = Counter()
+        for _ in range(60):
+            connection, port = connect(balancer.port)
+            reached[port] += 1
+            connection.close()
+        assert set(reached) == set(servers)
+        assert min(reached.values()) >= 5, reached  # 1/3 each, at random
+
+        held, _ = connect(balancer.port)
+        balancer.route_to(servers[:1])
+        with pytest.raises(ConnectionAbortedError):  # as the apiserver sees it cut
+            held.recv(1)
+        assert {connect(balancer.port)[1] for _ in range(10)} == {servers[0]}
+
+        balancer.route_to([])
+        with pytest.raises(ConnectionRefusedError):
+            connect(balancer.port)
+    finally:
+        balancer.stop()
+    listed = subprocess.run([*TABLE, "-S"], capture_output=True, text=True, check=True).stdout
+    assert balancer.chain not in listed
