@@ -106,6 +106,14 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
         ),
         pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
         pytest.param("http2=yes", "got string, want boolean", id="http2-not-a-switch"),
+        pytest.param(
+            "quotaRecord.allowances=on", "got string, want boolean", id="allowances-not-a-switch"
+        ),
+        pytest.param(
+            "quotaRecord.allowance=true",
+            "additional properties 'allowance' not allowed",
+            id="quota-record-misspelt",
+        ),
         pytest.param("image.digest=sha256:abc", "does not match pattern", id="short-digest"),
         pytest.param(
             "uninstallHook.enable=false",
@@ -299,6 +307,22 @@ def test_http2_is_offered_only_when_asked_for(render: Render) -> None:
 
     assert "--http2" not in command()
     assert "--http2" in command("--set", "http2=true")
+
+
+def test_the_usage_record_is_written_the_new_ways_only_when_asked_for(render: Render) -> None:
+    def command(*args: str) -> list[str]:
+        (container,) = _pod_spec(render("helm", *args))["containers"]
+        found: list[str] = container["command"]
+        return found
+
+    new_ways = {"--drop-shown-reservations", "--quota-allowances"}
+    assert not new_ways & set(command())
+    dropped = command("--set", "quotaRecord.dropShownReservations=true")
+    assert new_ways & set(dropped) == {"--drop-shown-reservations"}
+    both = command(
+        "--set", "quotaRecord.dropShownReservations=true", "--set", "quotaRecord.allowances=true"
+    )
+    assert new_ways <= set(both)
 
 
 def test_custom_values_render_objects_the_api_accepts(
