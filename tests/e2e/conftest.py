@@ -97,7 +97,7 @@ def namespace(
     With no kube-controller-manager running, nothing ever finalizes a deleted
     namespace: it stays ``Terminating`` (refusing new objects) until the
     control plane is thrown away at the end of the session. That is enough to
-    keep tests apart.
+    keep tests apart, once its pods are gone: they are deleted at once.
     """
     name = f"e2e-{uuid.uuid4().hex[:12]}"
     body = kubernetes.client.V1Namespace(
@@ -137,7 +137,13 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _delete_namespace(core_v1: kubernetes.client.CoreV1Api, name: str) -> None:
+    """Delete a test's namespace, its pods first and at once.
+
+    A pod left pending in a namespace being deleted (and one that is never finalized, when
+    no controller-manager runs) would be bound by the scheduler to the first node that fits
+    it, and a later test's nodes would find their GPUs taken by another test's pods."""
     try:
+        core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         core_v1.delete_namespace(name)
     except ApiException as error:
         if error.status != 404:
