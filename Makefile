@@ -68,7 +68,10 @@ dev-cluster: $(STAMP) controlplane tools
 	$(BIN)/python -m tests.e2e.dev_cluster
 
 # vegeta, the compiled load generator, is built once from its Go module like the tools above.
+# The real node's packages include conntrack, which the bursts' balancer in the kernel needs
+# (bench/kernel.py); without root the benchmark balances with a relay instead.
 bench: $(STAMP) controlplane
+	-bash tests/e2e/node/setup.sh
 	bash bench/tools.sh >/dev/null
 	$(BIN)/python -m bench
 

@@ -204,7 +204,12 @@ async def measured_burst(
     # stored.
     warmup = await creator.burst(namespace, one_gpu_pods(resource, "dry", BURST), dry_run=True)
     conflicts_before = _conflicts(deployment)
+    reviews_before = _reviews_by_replica(deployment)
     burst = await creator.burst(namespace, one_gpu_pods(resource, "pod", BURST), dry_run=False)
+    reviews = [
+        after - before
+        for after, before in zip(_reviews_by_replica(deployment), reviews_before, strict=True)
+    ]
     return {
         "seconds": burst.seconds,
         "admitted": burst.admitted,
@@ -212,6 +217,8 @@ async def measured_burst(
         "statuses": _by_status(burst),
         "dry_run_statuses": _by_status(warmup),
         "record_conflicts": _conflicts(deployment) - conflicts_before,
+        # How the balancer spread the burst: the reviews each replica answered in it.
+        "reviews_by_replica": reviews,
     }
 
 
@@ -233,6 +240,10 @@ def _quarters(values: list[float]) -> list[list[float]]:
 
 def _by_status(burst: Burst) -> dict[str, int]:
     return {str(status): count for status, count in sorted(burst.statuses.items())}
+
+
+def _reviews_by_replica(deployment: Deployment) -> list[float]:
+    return [p.metric("gpuadm_admission_requests_total") for p in deployment.processes]
 
 
 def _conflicts(deployment: Deployment) -> float:

@@ -8,11 +8,14 @@ port nobody listens on, and a chain of NAT rules sends each new connection to it
 replica's port, each rule taking a connection with the probability that spreads them
 evenly. Once a connection is made, no byte of it leaves the kernel.
 
-Taking a replica out of the route cuts the connections through the balancer (`ss -K`, the
-kernel's socket destroy), so that the apiserver dials again and lands where the route now
-says: a replica behind a Service that stops answering is left the same way, when its
-connections fail. Where the rules cannot be made (not root, no iptables), the benchmark
-uses the relay, and its results say which balancer it ran behind.
+Taking a replica out of the route cuts its connections (`ss -K`, the kernel's socket
+destroy, on the replica's end of each), so that the apiserver gets a reset, dials again and
+lands where the route now says, as when a replica behind a Service goes away. Destroying
+the apiserver's end instead left its client a moment in which a call still went to the
+dead connection and failed. The kernel's record of where those connections went is deleted
+too (`conntrack -D`): a new connection that happened to reuse one's addresses was sent on
+to the old port. Where the rules cannot be made (not root; no iptables, ss or conntrack),
+the benchmark uses the relay, and its results say which balancer it ran behind.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ import subprocess
 from fractions import Fraction
 
 TABLE = ("iptables", "-w", "-t", "nat")
+CUT = ("ss", "-K", "-t", "state", "established")
+FORGET = ("conntrack", "-D", "-p", "tcp", "--orig-dst", "127.0.0.1")
+TOOLS = ("iptables", "ss", "conntrack")
 
 
 class KernelBalancer:
@@ -43,8 +49,9 @@ class KernelBalancer:
 
     @staticmethod
     def available() -> bool:
-        """Tell whether this machine lets the benchmark make NAT rules (root, iptables)."""
-        if os.geteuid() != 0 or shutil.which("iptables") is None or shutil.which("ss") is None:
+        """Tell whether this machine lets the benchmark make NAT rules and cut and forget
+        connections (root, iptables, ss and conntrack)."""
+        if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in TOOLS):
             return False
         probe = subprocess.run([*TABLE, "-L", "OUTPUT", "-n"], capture_output=True, check=False)
         return probe.returncode == 0
@@ -55,8 +62,8 @@ class KernelBalancer:
         _iptables("-A", *self._jump, "-j", self.chain)
 
     def route_to(self, ports: list[int]) -> None:
-        """Send new connections to these ports, evenly at random; cut open ones if a port
-        left the route (they dial again, and are routed anew)."""
+        """Send new connections to these ports, evenly at random; cut the open ones to a
+        port that left the route (their clients dial again, and are routed anew)."""
         removed = set(self.backends) - set(ports)
         _iptables("-F", self.chain)
         for index, port in enumerate(ports):
@@ -68,10 +75,18 @@ class KernelBalancer:
                 "-A", self.chain, "-p", "tcp", *chance, "-j", "REDIRECT", "--to-ports", str(port)
             )
         self.backends = list(ports)
-        if removed:
+        for port in sorted(removed):
+            # The replica's end of each: the apiserver gets a reset, and dials again.
             subprocess.run(
-                ["ss", "-K", "-t", "dst", "127.0.0.1", "dport", "=", f":{self.port}"],
+                [*CUT, "src", "127.0.0.1", "sport", "=", f":{port}"],
                 check=True,
+                capture_output=True,
+            )
+            # And the kernel forgets where it sent them: a new connection that reuses one's
+            # addresses would otherwise be sent to the old port. (None found: exit 1.)
+            subprocess.run(
+                [*FORGET, "--orig-port-dst", str(self.port), "--reply-port-src", str(port)],
+                check=False,
                 capture_output=True,
             )
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what the suite's real node runs beside the kubelet (tests/e2e/kubelet.py): containerd
-# with its CRI plugin, runc, the CNI plugins and iptables; and what builds and unpacks the
-# gpuadm image that runs there (image/build.sh, tests/image): mmdebstrap, buildah and umoci. All
-# from Debian's packages. The kubelet itself is built from its Go module with the control plane
+# with its CRI plugin, runc, the CNI plugins and iptables; what builds and unpacks the gpuadm
+# image that runs there (image/build.sh, tests/image): mmdebstrap, buildah and umoci; and
+# conntrack, with which the benchmark's balancer in the kernel (bench/kernel.py, tested in
+# tests/bench) forgets connections, as kube-proxy does. All from Debian's packages. The kubelet itself is built from its Go module with the control plane
 # (../controlplane/build.sh).
 #
 # Safe to run repeatedly: with every command present it does nothing. It needs root (apt-get),
@@ -23,6 +24,7 @@ declare -A PACKAGES=(
     [mmdebstrap]=mmdebstrap
     [buildah]=buildah
     [umoci]=umoci
+    [conntrack]=conntrack
 )
 
 missing=()
@@ -36,7 +38,7 @@ for thing in "${!PACKAGES[@]}"; do
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then
-    log "up to date: containerd, runc, CNI plugins, iptables, mmdebstrap, buildah, umoci"
+    log "up to date: containerd, runc, CNI plugins, iptables, mmdebstrap, buildah, umoci, conntrack"
     exit 0
 fi
 
