@@ -15,7 +15,7 @@ help:
 	@echo "make lint         ruff, mypy --strict and the import-layering contracts"
 	@echo "make controlplane build kube-apiserver, kube-scheduler and etcd for the e2e suite (cached)"
 	@echo "make tools        build kustomize, helm and promtool, to render and check deploy/ in the tests (cached)"
-	@echo "make node         install containerd, runc, CNI plugins, buildah, mmdebstrap and umoci for the real node and the image (Debian, root)"
+	@echo "make node         install containerd, runc, CNI plugins, buildah, mmdebstrap and umoci for the real node and the image, and conntrack and ss for the bench (Debian, root)"
 	@echo "make image        the gpuadm image from the Dockerfile, on a local Debian base; prints its OCI archive and name (cached)"
 	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes, and gpuadm's chart on a real node, to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"

@@ -21,6 +21,7 @@ the benchmark uses the relay, and its results say which balancer it ran behind.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -51,15 +52,28 @@ class KernelBalancer:
     def available() -> bool:
         """Tell whether this machine lets the benchmark make NAT rules and cut and forget
         connections (root, iptables, ss and conntrack)."""
-        if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in TOOLS):
-            return False
+        return KernelBalancer.missing() is None
+
+    @staticmethod
+    def missing() -> str | None:
+        """Say what this machine lacks for the balancer in the kernel; None: nothing."""
+        if os.geteuid() != 0:
+            return "root"
+        for tool in TOOLS:
+            if shutil.which(tool) is None:
+                return tool
         probe = subprocess.run([*TABLE, "-L", "OUTPUT", "-n"], capture_output=True, check=False)
-        return probe.returncode == 0
+        return None if probe.returncode == 0 else "the nat table of iptables"
 
     def start(self) -> None:
-        """Make the balancer's chain, and send connections to its port through it."""
-        _iptables("-N", self.chain)
-        _iptables("-A", *self._jump, "-j", self.chain)
+        """Make the balancer's chain, and send connections to its port through it; leave
+        nothing behind if that fails."""
+        try:
+            _iptables("-N", self.chain)
+            _iptables("-A", *self._jump, "-j", self.chain)
+        except BaseException:
+            self._remove()
+            raise
 
     def route_to(self, ports: list[int]) -> None:
         """Send new connections to these ports, evenly at random; cut the open ones to a
@@ -95,10 +109,28 @@ class KernelBalancer:
         try:
             self.route_to([])
         finally:
-            subprocess.run([*TABLE, "-D", *self._jump, "-j", self.chain], check=False)
-            subprocess.run([*TABLE, "-F", self.chain], check=False)
-            subprocess.run([*TABLE, "-X", self.chain], check=False)
-            self._reserved.close()
+            self._remove()
+
+    def _remove(self) -> None:
+        for args in (("-D", *self._jump, "-j", self.chain), ("-F", self.chain), ("-X", self.chain)):
+            subprocess.run([*TABLE, *args], check=False, capture_output=True)
+        self._reserved.close()
+
+
+def remove_stale_chains() -> None:
+    """Remove the chains of balancers whose benchmark ended without removing them (killed):
+    their port is free again, so nothing of theirs is still routed."""
+    listed = subprocess.run([*TABLE, "-S"], capture_output=True, text=True, check=False).stdout
+    for port in sorted(set(re.findall(r"^-N GPUADM-BENCH-(\d+)$", listed, re.MULTILINE))):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", int(port)))
+            except OSError:
+                continue  # still held by a running benchmark
+        chain = f"GPUADM-BENCH-{port}"
+        jump = ("OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", port, "-j", chain)
+        for args in (("-D", *jump), ("-F", chain), ("-X", chain)):
+            subprocess.run([*TABLE, *args], check=False, capture_output=True)
 
 
 def _iptables(*args: str) -> None:

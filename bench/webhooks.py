@@ -27,7 +27,7 @@ from typing import Any
 
 import kubernetes.client
 
-from bench.kernel import KernelBalancer
+from bench.kernel import KernelBalancer, remove_stale_chains
 from bench.relay import RelayProcess
 from bench.server import Served
 from tests.e2e.cluster import ControlPlane
@@ -84,10 +84,7 @@ def gpuadm_replicas(
         GpuadmProcess(plane, tls, workdir, index, extra_args=BENCH_ARGS)
         for index in range(REPLICAS)
     ]
-    balancer: KernelBalancer | RelayProcess = (
-        KernelBalancer() if KernelBalancer.available() else RelayProcess()
-    )
-    balancer.start()
+    balancer = _balancer()
     try:
         for process in processes:
             process.start()
@@ -118,11 +115,29 @@ def gpuadm_replicas(
     finally:
         # Cut every connection, and give the relays a moment to end on their own: Python
         # 3.11 logs a traceback for each connection handler that stop() has to cancel.
-        balancer.route_to([])
-        time.sleep(RELAYS_ENDING_SECONDS)
-        balancer.stop()
-        for process in processes:
-            process.stop()
+        try:
+            balancer.route_to([])
+            time.sleep(RELAYS_ENDING_SECONDS)
+        finally:
+            balancer.stop()
+            for process in processes:
+                process.stop()
+
+
+def _balancer() -> KernelBalancer | RelayProcess:
+    """Start the balancer in the kernel where the machine allows it, else the relay."""
+    if KernelBalancer.available():
+        remove_stale_chains()
+        kernel = KernelBalancer()
+        try:
+            kernel.start()
+        except RuntimeError as error:
+            print(f"the balancer in the kernel failed ({error}): relaying", file=sys.stderr)
+        else:
+            return kernel
+    relay = RelayProcess()
+    relay.start()
+    return relay
 
 
 def restart_replicas(deployment: Deployment, args: tuple[str, ...]) -> None:
