@@ -97,7 +97,7 @@ def namespace(
     With no kube-controller-manager running, nothing ever finalizes a deleted
     namespace: it stays ``Terminating`` (refusing new objects) until the
     control plane is thrown away at the end of the session. That is enough to
-    keep tests apart, once its pods are gone: they are deleted at once.
+    keep tests apart, once its pods are gone: they are deleted at once after it.
     """
     name = f"e2e-{uuid.uuid4().hex[:12]}"
     body = kubernetes.client.V1Namespace(
@@ -137,17 +137,18 @@ def _raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 def _delete_namespace(core_v1: kubernetes.client.CoreV1Api, name: str) -> None:
-    """Delete a test's namespace, its pods first and at once.
+    """Delete a test's namespace, then its pods, at once.
 
     A pod left pending in a namespace being deleted (and one that is never finalized, when
     no controller-manager runs) would be bound by the scheduler to the first node that fits
-    it, and a later test's nodes would find their GPUs taken by another test's pods."""
+    it, and a later test's nodes would find their GPUs taken by another test's pods. The
+    namespace goes first: once it is terminating, no controller makes pods in it again."""
     try:
-        core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
         core_v1.delete_namespace(name)
     except ApiException as error:
         if error.status != 404:
             raise
+    core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
 # gpuadm's own fixtures live beside the generic ones; importing them here makes pytest see them.
