@@ -311,10 +311,15 @@ class AdmissionJudge:
                     mode=pending.terms.mode,
                 )
                 # Only a refusal waits (warn mode admits past the limit anyway), and not a
-                # dry run, which charges nothing and would write that it waits.
+                # dry run, which charges nothing and would write that it waits: it is told
+                # what a create would meet.
                 dry_run = pending.request.dry_run
-                refused = not verdict.allowed and not dry_run
-                if refused and others and _fits_without(pending, in_use, others):
+                held_back = (
+                    not verdict.allowed and others and _fits_without(pending, in_use, others)
+                )
+                if held_back and dry_run:  # what a create would meet: a wait, then room
+                    verdict = _would_wait(verdict)
+                elif held_back:
                     verdict = _Waits(*_fields(verdict))
                 elif pending.terms.mode == "enforce" and not dry_run:
                     # The most one admission of the class asked for: room aside smaller
@@ -397,6 +402,22 @@ def _held_aside(verdict: QuotaVerdict) -> QuotaVerdict:
         QuotaVerdict(*_fields(verdict)),
         message=f"{verdict.message} (of which other gpuadm replicas hold room aside, not "
         f"given back within {WAIT_SECONDS:g} s; retry)",
+    )
+
+
+def _would_wait(verdict: QuotaVerdict) -> QuotaVerdict:
+    """Return the answer to a dry run that would fit but for room other replicas hold
+    aside: admitted, as the create would most likely be once they give it back, with a
+    warning that says so. A dry run waits for nothing and says nothing in the record."""
+    return QuotaVerdict(
+        True,
+        warnings=(
+            f"{verdict.message}, counting room other gpuadm replicas hold aside: a create "
+            f"now would wait up to {WAIT_SECONDS:g} s for them to give it back, and be "
+            "admitted if it then fits",
+        ),
+        in_use=verdict.in_use,
+        limit=verdict.limit,
     )
 
 

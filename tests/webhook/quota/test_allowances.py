@@ -169,6 +169,8 @@ async def test_a_pod_that_waits_for_room_held_aside_is_not_starved_by_its_holder
 
 
 async def test_only_a_refusal_waits_for_room_held_aside_not_warn_mode_nor_a_dry_run() -> None:
+    """A dry run is answered at once with what a create would meet: a wait for the room,
+    then admitted; warn mode admits past the limit anyway."""
     store = MemoryStore()
     a, b = ledger(store), ledger(store)
     assert await admit(a, stored_pod(H100))  # 1 reserved, 4.5 aside for a
@@ -177,7 +179,12 @@ async def test_only_a_refusal_waits_for_room_held_aside_not_warn_mode_nor_a_dry_
     dry = await judged(b, stored_pod(H100), config(), dry_run=True)
     warned = await judged(b, stored_pod(H100), config("mode: warn\n" + QUOTAS))
     assert time.monotonic() - started < WAIT_SECONDS / 2, "they waited for a's room"
-    assert not dry.allowed
+    assert dry.allowed
+    (said,) = dry.warnings
+    assert "quota exceeded" in said
+    assert "other gpuadm replicas hold aside: a create now would wait up to 1.5 s" in said
+    too_big = await judged(b, stored_pod({"gpuadm.io/h100": "8"}), config(), dry_run=True)
+    assert not too_big.allowed, "a dry run that would not fit even then is refused"
     assert warned.allowed
     assert warned.would_deny
     assert warned.message is not None
