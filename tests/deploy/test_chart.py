@@ -301,9 +301,7 @@ def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj
 
 def test_http2_is_offered_only_when_asked_for(render: Render) -> None:
     def command(*args: str) -> list[str]:
-        (container,) = _pod_spec(render("helm", *args))["containers"]
-        found: list[str] = container["command"]
-        return found
+        return _command(render("helm", *args))
 
     assert "--http2" not in command()
     assert "--http2" in command("--set", "http2=true")
@@ -311,9 +309,7 @@ def test_http2_is_offered_only_when_asked_for(render: Render) -> None:
 
 def test_the_usage_record_is_written_the_new_ways_only_when_asked_for(render: Render) -> None:
     def command(*args: str) -> list[str]:
-        (container,) = _pod_spec(render("helm", *args))["containers"]
-        found: list[str] = container["command"]
-        return found
+        return _command(render("helm", *args))
 
     new_ways = {"--drop-shown-reservations", "--quota-allowances"}
     assert not new_ways & set(command())
@@ -323,6 +319,25 @@ def test_the_usage_record_is_written_the_new_ways_only_when_asked_for(render: Re
         "--set", "quotaRecord.dropShownReservations=true", "--set", "quotaRecord.allowances=true"
     )
     assert new_ways <= set(both)
+
+
+def test_room_aside_is_refused_a_webhook_timeout_its_wait_does_not_fit_in(render: Render) -> None:
+    on = ("--set", "quotaRecord.allowances=true")
+    assert "--quota-allowances" in _command(
+        render("helm", *on, "--set", "webhook.timeoutSeconds=3")
+    )
+    with pytest.raises(AssertionError) as refused:
+        render("helm", *on, "--set", "webhook.timeoutSeconds=2")
+    assert "quotaRecord.allowances needs webhook.timeoutSeconds of 3 or more (it is 2)" in str(
+        refused.value
+    )
+    assert "--quota-allowances" not in _command(render("helm", "--set", "webhook.timeoutSeconds=2"))
+
+
+def _command(objects: list[Obj]) -> list[str]:
+    (container,) = _pod_spec(objects)["containers"]
+    found: list[str] = container["command"]
+    return found
 
 
 def test_custom_values_render_objects_the_api_accepts(
