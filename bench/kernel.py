@@ -25,7 +25,6 @@ import re
 import shutil
 import socket
 import subprocess
-from fractions import Fraction
 
 TABLE = ("iptables", "-w", "-t", "nat")
 CUT = ("ss", "-K", "-t", "state", "established")
@@ -45,8 +44,7 @@ class KernelBalancer:
         self._reserved.bind(("127.0.0.1", 0))
         self.port: int = self._reserved.getsockname()[1]
         self.backends: list[int] = []
-        self.chain = f"GPUADM-BENCH-{self.port}"
-        self._jump = ("OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(self.port))
+        self.chain = _chain(self.port)
 
     @staticmethod
     def available() -> bool:
@@ -70,7 +68,7 @@ class KernelBalancer:
         nothing behind if that fails."""
         try:
             _iptables("-N", self.chain)
-            _iptables("-A", *self._jump, "-j", self.chain)
+            _iptables("-A", *_jump(self.port))
         except BaseException:
             self._remove()
             raise
@@ -81,10 +79,10 @@ class KernelBalancer:
         removed = set(self.backends) - set(ports)
         _iptables("-F", self.chain)
         for index, port in enumerate(ports):
+            # Each rule takes its share of what the rules before it left: 1/n, 1/(n-1)...
             left = len(ports) - index
-            chance = [] if left == 1 else ["-m", "statistic", "--mode", "random"]
-            if left > 1:
-                chance += ["--probability", _decimal(Fraction(1, left))]
+            random = ("-m", "statistic", "--mode", "random", "--probability", f"{1 / left:.8f}")
+            chance = random if left > 1 else ()
             _iptables(
                 "-A", self.chain, "-p", "tcp", *chance, "-j", "REDIRECT", "--to-ports", str(port)
             )
@@ -112,8 +110,7 @@ class KernelBalancer:
             self._remove()
 
     def _remove(self) -> None:
-        for args in (("-D", *self._jump, "-j", self.chain), ("-F", self.chain), ("-X", self.chain)):
-            subprocess.run([*TABLE, *args], check=False, capture_output=True)
+        _remove_chain(self.port)
         self._reserved.close()
 
 
@@ -127,18 +124,25 @@ def remove_stale_chains() -> None:
                 probe.bind(("127.0.0.1", int(port)))
             except OSError:
                 continue  # still held by a running benchmark
-        chain = f"GPUADM-BENCH-{port}"
-        jump = ("OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", port, "-j", chain)
-        for args in (("-D", *jump), ("-F", chain), ("-X", chain)):
-            subprocess.run([*TABLE, *args], check=False, capture_output=True)
+        _remove_chain(int(port))
+
+
+def _chain(port: int) -> str:
+    return f"GPUADM-BENCH-{port}"
+
+
+def _jump(port: int) -> tuple[str, ...]:
+    """The rule that sends connections to the balancer's port through its chain."""
+    return ("OUTPUT", "-p", "tcp", "-d", "127.0.0.1", "--dport", str(port), "-j", _chain(port))
+
+
+def _remove_chain(port: int) -> None:
+    """Remove a balancer's rules, whatever of them is there."""
+    for args in (("-D", *_jump(port)), ("-F", _chain(port)), ("-X", _chain(port))):
+        subprocess.run([*TABLE, *args], check=False, capture_output=True)
 
 
 def _iptables(*args: str) -> None:
     done = subprocess.run([*TABLE, *args], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"iptables {' '.join(args)}: {done.stderr.strip()}")
-
-
-def _decimal(chance: Fraction) -> str:
-    """Write a probability as iptables' statistic match takes it."""
-    return f"{float(chance):.8f}"
