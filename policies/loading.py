@@ -61,21 +61,28 @@ def line_of(text: str, path: Sequence[str], *, first_line: int = 1) -> int | Non
     """Return the line of the key at `path` (e.g. namespaces, team-a, a200) in a config's
     text, or of the deepest key of it that is there; None if the text is not YAML."""
     try:
-        root = yaml.compose(_placed(text, first_line), Loader=yaml.SafeLoader)
+        root = yaml.compose(_placed(text, first_line), Loader=_Loader)
     except yaml.YAMLError:
         return None
     return walk(root, [str(part) for part in path], None).line
 
 
 NO_QUOTAS_HINT = "to have no quotas at all, write `namespaces: {}`"
-# A config is a few kilobytes; a ConfigMap holds at most 1 MiB. Bounding the text and the
-# nesting keeps a hostile or broken document from costing more than that to read, and a
-# document nested deeper than any config needs from reaching the parser's recursion limit.
+# A config is a few kilobytes; a ConfigMap holds at most 1 MiB. Bounding the text, the
+# nesting and the nodes keeps a hostile or broken document from costing more than that to
+# read, and a document nested deeper than any config needs from reaching the parser's
+# recursion limit.
 MAX_CONFIG_CHARACTERS = 1024 * 1024
 MAX_NESTING = 64
 # Aliases let a short document stand for a huge one ("billion laughs"); a config shares a
 # block or two this way at most.
 MAX_ALIASES = 100
+# Every key, value and block, each alias counted as the whole block it stands for: what
+# the checks below and the validators will walk. A config of 1,000 namespaces has ~10,000.
+MAX_NODES = 200_000
+
+# libyaml's parser where PyYAML was built with it: ten times faster on a large document.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def _load(
@@ -86,20 +93,24 @@ def _load(
             source,
             [f"{source}: {len(text)} characters, over the {MAX_CONFIG_CHARACTERS} a config holds"],
         )
-    root = _compose(text, source)
-    if root is None or _is_null(root):
-        hint = f"; {empty_hint}" if empty_hint else ""
-        raise ConfigError(source, [f"{source}:{empty_line}: the document is empty{hint}"])
-    if not isinstance(root, yaml.MappingNode):
-        line = root.start_mark.line + 1
-        raise ConfigError(source, [f"{source}:{line}: expected a mapping at the top level"])
-    if keys := _keys_not_text(root, source):
-        raise ConfigError(source, keys)
-    if twice := _keys_twice(root, source):
-        raise ConfigError(source, twice)
+    _check_shape(text, source)
+    loader = _Loader(text)
     try:
-        data = yaml.safe_load(text)
+        root = loader.get_single_node()
+        if root is None or _is_null(root):
+            hint = f"; {empty_hint}" if empty_hint else ""
+            raise ConfigError(source, [f"{source}:{empty_line}: the document is empty{hint}"])
+        if not isinstance(root, yaml.MappingNode):
+            line = root.start_mark.line + 1
+            raise ConfigError(source, [f"{source}:{line}: expected a mapping at the top level"])
+        if keys := _keys_not_text(root, source):
+            raise ConfigError(source, keys)
+        if twice := _keys_twice(root, source):
+            raise ConfigError(source, twice)
+        data = loader.construct_document(root)
         return model.model_validate(data)
+    except ConfigError:
+        raise
     except yaml.YAMLError as error:
         raise ConfigError(source, [_yaml_problem(error, source)]) from None
     except ValidationError as error:
@@ -107,30 +118,74 @@ def _load(
     except (TypeError, ValueError, RecursionError) as error:
         # A shape no check above foresaw: still a refused config, never a crashed reader.
         raise ConfigError(source, [f"{source}: cannot be read as a config: {error}"]) from None
+    finally:
+        loader.dispose()
 
 
-def _compose(text: str, source: str) -> yaml.Node | None:
-    """Parse `text` to YAML nodes, refusing what is not YAML or nests deeper than a config."""
-    depth = aliases = 0
+def _check_shape(text: str, source: str) -> None:
+    """Refuse, from the event stream and before any node is built or walked, what is not
+    YAML, nests deeper than a config, uses too many aliases, refers to a block from inside
+    it (a cycle, which every later walk would follow forever), or stands for more nodes
+    than a config has once its aliases are counted as the blocks they repeat."""
+    depth = aliases = nodes = 0
+    # Per block still open: the nodes it holds so far, and its anchor.
+    open_blocks: list[list[int]] = []
+    open_anchors: list[str | None] = []
+    sizes: dict[str, int] = {}  # a closed anchored block's size, aliases counted whole
     try:
-        # Nesting is counted on the event stream, before any recursive step can run.
-        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        for event in yaml.parse(text, Loader=_Loader):
+            added = 0
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_NESTING:
-                    line = event.start_mark.line + 1 if event.start_mark else 1
                     raise ConfigError(
-                        source, [f"{source}:{line}: nested deeper than {MAX_NESTING} levels"]
+                        source,
+                        [f"{source}:{_line(event)}: nested deeper than {MAX_NESTING} levels"],
                     )
+                open_blocks.append([1])
+                open_anchors.append(event.anchor)
+                nodes += 1
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
                 depth -= 1
+                (size,) = open_blocks.pop()
+                if (anchor := open_anchors.pop()) is not None:
+                    sizes[anchor] = size
+                added = size
+            elif isinstance(event, yaml.ScalarEvent):
+                if event.anchor is not None:
+                    sizes[event.anchor] = 1
+                added = 1
+                nodes += 1
             elif isinstance(event, yaml.AliasEvent):
                 aliases += 1
                 if aliases > MAX_ALIASES:
                     raise ConfigError(source, [f"{source}: more than {MAX_ALIASES} aliases (*)"])
-        return yaml.compose(text, Loader=yaml.SafeLoader)
+                if event.anchor in open_anchors:
+                    raise ConfigError(
+                        source,
+                        [
+                            f"{source}:{_line(event)}: the alias *{event.anchor} stands inside "
+                            f"the block &{event.anchor} it names, a loop no config can hold"
+                        ],
+                    )
+                added = sizes.get(str(event.anchor), 1)
+                nodes += added
+            if added and open_blocks:
+                open_blocks[-1][0] += added
+            if nodes > MAX_NODES:
+                raise ConfigError(
+                    source,
+                    [
+                        f"{source}:{_line(event)}: more than {MAX_NODES} keys and values, "
+                        "counting each alias as the block it repeats"
+                    ],
+                )
     except yaml.YAMLError as error:
         raise ConfigError(source, [_yaml_problem(error, source)]) from None
+
+
+def _line(event: yaml.Event) -> int:
+    return event.start_mark.line + 1 if event.start_mark else 1
 
 
 def _keys_not_text(root: yaml.Node, source: str) -> list[str]:

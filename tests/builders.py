@@ -59,6 +59,15 @@ namespaces:
 
 
 # Containers in a large pod: its review is about 900 KiB, near the largest pod etcd keeps.
+# Config texts an unlucky or hostile edit makes, which every reader must refuse at once:
+# an alias inside the block it names (a loop), and aliases under the count cap that stand
+# for ten million nodes ("billion laughs").
+ALIAS_CYCLE = "namespaces: &n\n  team-a:\n    sub: *n\n"
+LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{name}: &{name} [{', '.join([f'*{below}'] * 10)}]\n"
+    for below, name in zip("abcdef", "bcdefg", strict=True)
+)
+
 LARGE_POD_CONTAINERS = 3000
 
 

@@ -17,6 +17,7 @@ import orjson
 import pytest
 from kubernetes.client.exceptions import ApiException
 
+from tests.builders import ALIAS_CYCLE, LAUGHS
 from tests.e2e.cluster import GPUADM_USER, ControlPlane
 from tests.e2e.fixtures import Deployment, pod_body
 from tests.e2e.gpuadm import NAMESPACE, GpuadmProcess, put_configmap, wait_until
@@ -167,6 +168,8 @@ def test_an_admins_slip_never_turns_the_quotas_off(
         pytest.param("namespaces:\n  team-x:\n    1: 2\n", id="class-key-1"),
         pytest.param("namespaces: " + "[" * 900, id="nested-900"),
         pytest.param("a: &a [1]\nb: [" + ", ".join(["*a"] * 500) + "]\n", id="alias-bomb"),
+        pytest.param(ALIAS_CYCLE, id="alias-cycle"),
+        pytest.param(LAUGHS, id="laughs-under-the-alias-cap"),
     ],
 )
 def test_the_config_watch_lives_through_any_edit_and_applies_the_next_valid_one(

@@ -8,6 +8,7 @@ import pytest
 
 from policies import ConfigError, Policy, load_policy, load_quotas
 from policies.backends import HamiClass, MigClass
+from tests.builders import ALIAS_CYCLE, LAUGHS
 
 
 def problems_of(loader: object, text: str) -> list[str]:
@@ -178,6 +179,21 @@ def test_quota_for_unknown_class_is_reported(policy: Policy) -> None:
             id="alias-bomb",
         ),
         pytest.param(
+            ALIAS_CYCLE,
+            "q.yaml:3: the alias *n stands inside the block &n it names, a loop",
+            id="alias-cycle",
+        ),
+        pytest.param(
+            "default: &d [1, *d]\n",
+            "q.yaml:1: the alias *d stands inside the block &d it names",
+            id="alias-cycle-in-a-list",
+        ),
+        pytest.param(
+            LAUGHS,
+            "q.yaml:6: more than 200000 keys and values, counting each alias as the block",
+            id="laughs-under-the-alias-cap",
+        ),
+        pytest.param(
             "namespaces: {team-a: {a100: 1}}\n---\nnamespaces: {}\n",
             "not valid YAML",
             id="two-documents",
@@ -197,3 +213,25 @@ def test_no_quotas_at_all_is_an_explicit_document(text: str) -> None:
     quotas = load_quotas(text)
     assert quotas.mode == "enforce"
     assert quotas.limits_for("any") == {}
+
+
+def test_a_block_shared_by_aliases_is_read_as_written_out() -> None:
+    # What a config uses aliases for: one block of limits for several namespaces.
+    text = "namespaces:\n  team-a: &limits {a100: 2, t4: 1}\n  team-b: *limits\n  team-c: *limits\n"
+    quotas = load_quotas(text)
+    assert quotas.limits_for("team-c") == quotas.limits_for("team-a") == {"a100": 2, "t4": 1}
+
+
+def test_aliases_count_as_the_blocks_they_repeat_up_to_the_bound() -> None:
+    # 98 aliases of a block of 2,001 nodes, and the block, stand for 198,105 nodes: under
+    # the bound, read (and refused for its unknown keys); two more aliases pass it, and the
+    # text is refused before anything walks it.
+    block = "[" + ", ".join(["1"] * 2000) + "]"
+    under = f"namespaces: {{}}\nx-shared: &b {block}\nx-refs: [" + ", ".join(["*b"] * 98) + "]\n"
+    with pytest.raises(ConfigError) as raised:
+        load_quotas(under, source="q.yaml")
+    assert "more than 200000" not in raised.value.problems[0]
+    over = under.replace("x-refs: [", "x-refs: [*b, *b, ")
+    with pytest.raises(ConfigError) as raised:
+        load_quotas(over, source="q.yaml")
+    assert "q.yaml:3: more than 200000 keys and values" in raised.value.problems[0]

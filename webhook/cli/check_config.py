@@ -12,13 +12,16 @@ import argparse
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import yaml
 
 from webhook.cli.exits import CommandError, ExitCode
+
+M = TypeVar("M")
 
 # The config models (the policies package) are imported when a check runs, so that
 # building the command line (for --help, --version, or another command) does not build them.
@@ -83,6 +86,16 @@ class Findings:
     notes: list[str]
 
 
+def _within_budget(load: Callable[..., M], part: Part) -> M:
+    """Load one part as `serve` does: within the read budget of a config."""
+    from webhook.config.read_budget import read_within_blocking
+
+    return read_within_blocking(
+        lambda: load(part.text, source=part.source, first_line=part.first_line),
+        source=part.source,
+    )
+
+
 def run(args: argparse.Namespace) -> ExitCode:
     """Validate each file; print every problem, or a line saying all is well.
 
@@ -107,13 +120,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     for part in found.parts:
         try:
             if part.kind == "policy":
-                policies.append(
-                    (part, load_policy(part.text, source=part.source, first_line=part.first_line))
-                )
+                policies.append((part, _within_budget(load_policy, part)))
             else:
-                quotas.append(
-                    (part, load_quotas(part.text, source=part.source, first_line=part.first_line))
-                )
+                quotas.append((part, _within_budget(load_quotas, part)))
         except ConfigError as error:
             found.problems += error.problems
     for policy_part, policy in policies:

@@ -54,6 +54,7 @@ async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
     them; raise `CommandError` saying what is missing or invalid."""
     from policies import ConfigError
     from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
+    from webhook.config.read_budget import read_within
     from webhook.config.snapshot import snapshot_from_text
 
     maps = {m["metadata"]["name"]: m for m in (await api.list_configmaps(namespace, "")).items}
@@ -69,12 +70,16 @@ async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
             )
         return str(data[key])
 
+    policy, quotas = text(POLICY_MAP, POLICY_KEY), text(QUOTAS_MAP, QUOTAS_KEY)
     try:
-        return snapshot_from_text(
-            text(POLICY_MAP, POLICY_KEY),
-            text(QUOTAS_MAP, QUOTAS_KEY),
-            policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
-            quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
+        return await read_within(
+            lambda: snapshot_from_text(
+                policy,
+                quotas,
+                policy_source=f"{POLICY_MAP}[{POLICY_KEY}]",
+                quotas_source=f"{QUOTAS_MAP}[{QUOTAS_KEY}]",
+            ),
+            source=f"ConfigMaps {POLICY_MAP} and {QUOTAS_MAP}",
         )
     except ConfigError as error:
         raise CommandError(

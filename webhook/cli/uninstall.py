@@ -240,6 +240,7 @@ async def gate_of(api: AsyncApi, gpuadm_namespace: str) -> str:
     from policies import ConfigError, Policy, load_policy
     from policies.policy import GATE_SUFFIX
     from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP
+    from webhook.config.read_budget import read_within
 
     default = f"{Policy.model_fields['domain'].default}/{GATE_SUFFIX}"
     where = f"ConfigMap {gpuadm_namespace}/{POLICY_MAP}"
@@ -249,7 +250,9 @@ async def gate_of(api: AsyncApi, gpuadm_namespace: str) -> str:
         why = f"no {where}" if found is None else f"{where} has no {POLICY_KEY}"
     else:
         try:
-            return load_policy(text, source=f"{POLICY_MAP}[{POLICY_KEY}]").quota_gate
+            source = f"{POLICY_MAP}[{POLICY_KEY}]"
+            policy = await read_within(lambda: load_policy(text, source=source), source=source)
+            return policy.quota_gate
         except ConfigError as error:
             why = f"the policy in {where} is invalid ({error.problems[0]})"
     print(

@@ -70,7 +70,7 @@ class ConfigMapSource:
         self._maps = {
             m["metadata"]["name"]: m for m in page.items if m["metadata"]["name"] in WATCHED
         }
-        self._apply()
+        await self._apply()
         version = page.resource_version
         progress()
         while True:
@@ -87,10 +87,10 @@ class ConfigMapSource:
         )
         async with aclosing(watch) as events:
             async for event in events:
-                latest = self._handle(event) or latest
+                latest = await self._handle(event) or latest
         return latest
 
-    def _handle(self, event: WatchEvent) -> str | None:
+    async def _handle(self, event: WatchEvent) -> str | None:
         """Apply one watch event; return the version it carries."""
         obj = event.get("object") or {}
         if event.get("type") == "ERROR":
@@ -102,12 +102,12 @@ class ConfigMapSource:
                 self._maps.pop(name, None)
             else:
                 self._maps[name] = obj
-            self._apply()
+            await self._apply()
         version = metadata.get("resourceVersion")
         return str(version) if version else None
 
-    def _apply(self) -> None:
-        update = self.holder.update(
+    async def _apply(self) -> None:
+        update = await self.holder.reload(
             self._part(POLICY_MAP, POLICY_KEY), self._part(QUOTAS_MAP, QUOTAS_KEY)
         )
         for name in WATCHED:

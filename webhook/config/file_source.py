@@ -89,7 +89,7 @@ class FileSource:
         self._last_read = read
         if not settled:
             return False
-        return self.holder.update(*read).applied
+        return (await self.holder.reload(*read)).applied
 
     def _read(self) -> tuple[PartText, PartText]:
         quotas = read_part(self.quotas_file) if self.quotas_file is not None else NO_QUOTAS

@@ -8,6 +8,7 @@ its ConfigMap, `gpuadm-policy` or `gpuadm-quotas`, for files too.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import time
@@ -26,6 +27,7 @@ from policies import (
 )
 from policies.pod_view import PodView
 from webhook.config.plan_memo import PlanMemo
+from webhook.config.read_budget import READ_BUDGET_SECONDS, ReadOverran, read_within
 from webhook.observe.readings import MemoReading
 
 if TYPE_CHECKING:
@@ -127,6 +129,9 @@ class PartText:
 NO_QUOTAS = PartText(None, "(no quota config given)")
 
 
+_LOADERS: dict[str, Callable[..., Any]] = {POLICY_PART: load_policy, QUOTAS_PART: load_quotas}
+
+
 class _Good(NamedTuple):
     """The last valid version of a part: its model and revision."""
 
@@ -152,8 +157,10 @@ class ConfigHolder:
         *,
         metrics: Metrics | None = None,
         clock: Callable[[], float] = time.monotonic,
+        read_seconds: float = READ_BUDGET_SECONDS,
     ) -> None:
-        """Start with `snapshot` in force (or none); report reloads to `metrics`."""
+        """Start with `snapshot` in force (or none); report reloads to `metrics`. `reload`
+        gives each read `read_seconds`."""
         self._clock = clock
         self._logged_at: dict[str, float] = {}
         self._snapshot: ConfigSnapshot | None = None
@@ -170,6 +177,9 @@ class ConfigHolder:
         self._good: dict[str, _Good] = {}
         # Why the latest version of a part is not in force, for the parts whose is not.
         self._problems: dict[str, str] = {}
+        # The latest version of each part refused, and why: not read again until it changes.
+        self._refused: dict[str, tuple[str, str]] = {}
+        self._read_seconds = read_seconds
         if snapshot is not None:
             self.offer(snapshot)
 
@@ -210,14 +220,33 @@ class ConfigHolder:
 
         A part that is invalid or missing is rejected and keeps its last valid version.
         Before any valid quota config, the snapshot says why (`quotas_missing`), so that GPU
-        pods are refused rather than admitted without limits.
+        pods are refused rather than admitted without limits. The parts are read here and
+        now; a serving replica calls `reload`, which reads within a time budget.
         """
+        return self._settle(policy, quotas, {})
+
+    async def reload(self, policy: PartText, quotas: PartText) -> Update:
+        """Like `update`, but each new version is read in a worker within `read_seconds`.
+
+        A read that overruns is refused like an invalid edit: the last good part stays in
+        force, and the event loop, the answers and SIGTERM never wait on the parser.
+        """
+        read: dict[str, Any] = {}
+        for part, text in ((POLICY_PART, policy), (QUOTAS_PART, quotas)):
+            if isinstance(text.read, str) and self._unread(part, text.read):
+                work = functools.partial(_LOADERS[part], text.read, source=text.source)
+                try:
+                    read[part] = await read_within(
+                        work, source=text.source, seconds=self._read_seconds
+                    )
+                except ConfigError as error:
+                    read[part] = error
+        return self._settle(policy, quotas, read)
+
+    def _settle(self, policy: PartText, quotas: PartText, read: Mapping[str, Any]) -> Update:
         rejected: dict[str, str] = {}
-        for part, text, load in (
-            (POLICY_PART, policy, load_policy),
-            (QUOTAS_PART, quotas, load_quotas),
-        ):
-            problem = self._take(part, text, load)
+        for part, text in ((POLICY_PART, policy), (QUOTAS_PART, quotas)):
+            problem = self._take(part, text, read)
             if problem is not None:
                 rejected[part] = problem
         good_policy = self._good.get(POLICY_PART)
@@ -235,19 +264,45 @@ class ConfigHolder:
         )
         return Update(applied=self._put_in_force(snapshot), rejected=rejected)
 
-    def _take(self, part: str, text: PartText, load: Callable[..., Any]) -> str | None:
-        """Load one part's new version; return why it was rejected, or None."""
+    def _unread(self, part: str, text: str) -> bool:
+        """Tell whether `text` is news for `part`: neither its version in force nor one
+        already refused (a source reads the same text again at every poll and relist)."""
+        revision = revision_of(text)
+        good = self._good.get(part)
+        refused = self._refused.get(part)
+        return (good is None or good.revision != revision) and (
+            refused is None or refused[0] != revision
+        )
+
+    def _take(self, part: str, text: PartText, read: Mapping[str, Any]) -> str | None:
+        """Put one part's new version in force if valid (`read` holds it if read already);
+        return why it was rejected, or None."""
         if isinstance(text.read, Missing):
             return self.reject(part, text.read.reason)
-        revision = NO_QUOTAS_REVISION if text.read is None else revision_of(text.read)
-        good = self._good.get(part)
-        if good is not None and good.revision == revision:
-            self._recovered(part)
-            return None
-        try:
-            model = QuotaConfig() if text.read is None else load(text.read, source=text.source)
-        except ConfigError as error:
-            return self.reject(part, "; ".join(error.problems))
+        if text.read is None:
+            model: Any = QuotaConfig()
+            revision = NO_QUOTAS_REVISION
+        else:
+            revision = revision_of(text.read)
+            good = self._good.get(part)
+            if good is not None and good.revision == revision:
+                self._recovered(part)
+                return None
+            refused = self._refused.get(part)
+            if refused is not None and refused[0] == revision:
+                return self.reject(part, refused[1])
+            try:
+                model = (
+                    read[part] if part in read else _LOADERS[part](text.read, source=text.source)
+                )
+                if isinstance(model, ConfigError):
+                    raise model
+            except ConfigError as error:
+                reason = "; ".join(error.problems)
+                if not isinstance(error, ReadOverran):
+                    # Overran is not a verdict on the text: a calmer moment may read it.
+                    self._refused[part] = (revision, reason)
+                return self.reject(part, reason)
         self._good[part] = _Good(model, revision)
         self._recovered(part)
         return None

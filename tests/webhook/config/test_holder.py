@@ -144,3 +144,34 @@ def test_no_policy_ever_read_is_no_config_and_says_why() -> None:
     assert not holder.loaded
     with pytest.raises(Exception, match="gpuadm-policy not found"):
         _ = holder.current
+
+
+async def test_a_read_over_its_budget_is_refused_and_the_last_good_config_stays() -> None:
+    metrics = Metrics()
+    holder = ConfigHolder(metrics=metrics, read_seconds=0)
+    holder.update(POLICY, QUOTAS)
+    edited = PartText(QUOTAS_YAML.replace("a100: 4", "a100: 6"), "quotas.yaml")
+    # No read ends within no time at all: the worker is left behind, the loop goes on.
+    update = await holder.reload(POLICY, edited)
+    assert not update.applied
+    assert (
+        "quotas.yaml: reading it took longer than 0 s, and was abandoned"
+        in (update.rejected[QUOTAS_PART])
+    )
+    assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
+    assert valid(metrics, QUOTAS_PART) == 0
+
+
+async def test_a_read_that_overran_is_tried_again_but_a_refused_text_is_not() -> None:
+    holder = ConfigHolder(read_seconds=0)
+    holder.update(POLICY, QUOTAS)
+    edited = PartText(QUOTAS_YAML.replace("a100: 4", "a100: 6"), "quotas.yaml")
+    await holder.reload(POLICY, edited)
+    holder.update(POLICY, edited)  # a calmer moment: the same text, read in time
+    assert holder.current.quotas.limits_for("team-a")["a100"] == 6
+    # A text refused once is not read again at the next poll or relist, so a budget of
+    # nothing still finds its verdict rather than a second read.
+    broken = PartText("namespaces: [", "quotas.yaml")
+    holder.update(POLICY, broken)
+    update = await holder.reload(POLICY, broken)
+    assert "not valid YAML" in update.rejected[QUOTAS_PART]
