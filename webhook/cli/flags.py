@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,31 @@ from pathlib import Path
 DEFAULT_NAMESPACE = "gpuadm-system"
 # The name of gpuadm's Mutating- and ValidatingWebhookConfiguration, as deploy/ ships them.
 WEBHOOK_CONFIGURATION = "gpuadm"
+
+
+# A namespace's name, as the apiserver checks it: a DNS-1123 label.
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def namespace_name(value: str) -> str:
+    """Return `value` if it can name a namespace; else say why, as kubectl's server would."""
+    if not _NAMESPACE.fullmatch(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a namespace's name: at most 63 lowercase letters, digits and "
+            "'-', starting and ending with a letter or digit"
+        )
+    return value
+
+
+def port(value: str) -> int:
+    """Return `value` as a TCP port to listen on, 1 to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if not 1 <= number <= 65535:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port: give 1 to 65535")
+    return number
 
 
 def add_config_files(parser: argparse.ArgumentParser, *, required: bool) -> None:
@@ -24,8 +50,8 @@ def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
     """Add --kubeconfig and --context, as kubectl reads them."""
     parser.add_argument(
         "--kubeconfig",
-        help="kubeconfig to reach the cluster (default: in-cluster service account, "
-        "else $KUBECONFIG, a list of files as kubectl reads it, or ~/.kube/config)",
+        help="kubeconfig to reach the cluster (default: $KUBECONFIG, a list of files as "
+        "kubectl reads it; else, in a pod, its service account; else ~/.kube/config)",
     )
     parser.add_argument(
         "--context", help="the kubeconfig context to use (default: its current-context)"

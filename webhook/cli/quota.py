@@ -33,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "-n",
         "--namespace",
         dest="tenant",
+        type=flags.namespace_name,
         help="show this namespace only (default: every namespace the quotas list, or that "
         "holds, reserves or waits for GPUs)",
     )

@@ -79,7 +79,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     review.add_argument("pod", type=Path, help="a manifest (YAML or JSON); - for stdin")
     flags.add_config_files(review, required=True)
     review.add_argument(
-        "--namespace", "-n", help="namespace to judge the pods in (default: the manifest's)"
+        "--namespace",
+        "-n",
+        type=flags.namespace_name,
+        help="namespace to judge the pods in (default: the manifest's; one that names "
+        "another is refused, as kubectl refuses it)",
     )
     review.add_argument(
         "--in-use",
@@ -118,6 +122,12 @@ def run(args: argparse.Namespace) -> ExitCode:
         raise CommandError(f"{args.pod} is not a Pod manifest, and holds no pod template")
     results = []
     for label, pod, namespace in pods:
+        if args.namespace and namespace and namespace != args.namespace:
+            # kubectl's words: a manifest of one namespace is never judged in another.
+            raise CommandError(
+                f"the namespace from the provided object {namespace!r} does not match the "
+                f"namespace {args.namespace!r}: give -n {namespace}, or no -n"
+            )
         namespace = str(args.namespace or namespace or "default")
         # The apiserver stores a pod in the namespace it is created in.
         pod["metadata"]["namespace"] = namespace

@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     """Add `gpuadm serve` to the command line."""
     serve = sub.add_parser("serve", help="serve /mutate and /validate over HTTPS")
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
-    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument("--port", type=flags.port, default=8443, help="HTTPS port (default 8443)")
     serve.add_argument("--cert-file", type=Path, help="serving certificate (PEM)")
     serve.add_argument("--key-file", type=Path, help="key of the serving certificate (PEM)")
     serve.add_argument(

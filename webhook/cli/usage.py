@@ -90,6 +90,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "-n",
         "--namespace",
         dest="tenant",
+        type=flags.namespace_name,
         metavar="NAMESPACE",
         help="show this namespace only (default: every namespace with a GPU-hours record)",
     )

@@ -32,12 +32,22 @@ AUTHORIZATION_SECONDS = 10.0
 
 
 def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:
-    """Connect with a kubeconfig file (and a context of it), or in-cluster with the pod's
-    service account."""
+    """Connect as kubectl would: with `kubeconfig` (and a context of it), else the files
+    `$KUBECONFIG` lists, else in a pod with its service account, else ~/.kube/config.
+
+    `$KUBECONFIG` comes before the service account, as for kubectl: a command run in a CI
+    pod against another cluster must reach that cluster, not the one it runs in."""
     try:
-        if kubeconfig or context or not os.environ.get("KUBERNETES_SERVICE_HOST"):
+        if (
+            kubeconfig
+            or context
+            or os.environ.get("KUBECONFIG")
+            or not os.environ.get("KUBERNETES_SERVICE_HOST")
+        ):
+            # Named here, not left to the client's default, which it reads once at import.
+            files = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
             client = kubernetes.config.new_client_from_config(
-                config_file=kubeconfig, context=context
+                config_file=os.path.expanduser(files), context=context
             )
         else:
             kubernetes.config.load_incluster_config()

@@ -183,3 +183,90 @@ def test_certs_show_speaks_json_and_yaml(
     assert result["problems"] == []
     assert "gpuadm.gpuadm-system.svc" in result["serving"]["certificate"]
     assert result["ca"]["renewalDue"] is False
+
+
+@pytest.mark.parametrize(
+    ("flag", "env", "in_a_pod", "reached"),
+    [
+        pytest.param("flag", "env", True, "https://flag.example:6443", id="flag-first"),
+        pytest.param(None, "env", True, "https://env.example:6443", id="env-before-pod"),
+        pytest.param(None, None, True, "Service token file", id="pod-account"),
+        pytest.param(None, None, False, "https://home.example:6443", id="home-last"),
+    ],
+)
+def test_the_cluster_is_found_as_kubectl_finds_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    flag: str | None,
+    env: str | None,
+    in_a_pod: bool,
+    reached: str,
+) -> None:
+    # A CI pod that runs gpuadm against another cluster must reach that one: $KUBECONFIG
+    # comes before the pod's own service account.
+    from tests.webhook.cli.apiserver import write_kubeconfig
+    from webhook.kube.client import connect
+    from webhook.kube.errors import KubeError
+
+    (tmp_path / ".kube").mkdir()
+    write_kubeconfig(tmp_path / ".kube" / "config", "https://home.example:6443")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    if env:
+        monkeypatch.setenv(
+            "KUBECONFIG", str(write_kubeconfig(tmp_path / "env", f"https://{env}.example:6443"))
+        )
+    if in_a_pod:
+        monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+        monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    given = str(write_kubeconfig(tmp_path / "flag", "https://flag.example:6443")) if flag else None
+    try:
+        found = connect(given).endpoint().host
+    except KubeError as error:
+        found = str(error)
+    assert reached in found
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        pytest.param(
+            ["-n", "team-b"],
+            "the namespace from the provided object 'team-a' does not match the namespace "
+            "'team-b': give -n team-a, or no -n",
+            id="another-namespace",
+        ),
+        pytest.param(["-n", "Bad_NS"], "'Bad_NS' is not a namespace's name", id="not-a-name"),
+        pytest.param(["-n", "x" * 64], "is not a namespace's name", id="too-long"),
+    ],
+)
+def test_review_refuses_a_namespace_the_manifest_contradicts_or_no_namespace_has(
+    tmp_path: Path, args: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    manifest = tmp_path / "pod.yaml"
+    manifest.write_text(
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\n"
+        "spec: {containers: [{name: c, image: i, resources: {limits: {gpuadm.io/a100: 1}}}]}\n"
+    )
+    try:
+        code = main(["review", str(manifest), "--policy", POLICY, *args])
+    except SystemExit as exited:  # refused by the parser, before the command runs
+        code = exited.code
+    assert code == 2
+    assert error in capsys.readouterr().err
+
+
+def test_review_judges_in_the_manifest_s_own_namespace_given_again(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    main(["review", JOB, "--policy", POLICY, "-n", "team-c"])
+    assert "verdict:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("value", ["99999", "0", "-1", "https"])
+def test_serve_refuses_a_port_no_socket_has(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--port", value, "--policy", POLICY])
+    assert exited.value.code == 2
+    assert f"--port: {value!r} is not a port: give 1 to 65535" in capsys.readouterr().err
