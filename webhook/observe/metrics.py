@@ -6,7 +6,13 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+)
 from prometheus_client.exposition import generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -204,6 +210,9 @@ class Metrics:
     """Every metric gpuadm exports."""
 
     def __init__(self) -> None:
+        # A `_created` series beside each counter and histogram child doubles the series
+        # Prometheus stores, and no rule or panel reads them.
+        disable_created_metrics()
         self.registry = CollectorRegistry()
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}

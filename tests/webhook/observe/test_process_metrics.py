@@ -74,3 +74,11 @@ def test_resident_memory_is_the_process_s() -> None:
     assert abs(exported - vm_rss) < 16 * 2**20
     assert resident_memory_bytes() > 0
     assert os.sysconf("SC_PAGE_SIZE") > 0
+
+
+def test_no_created_series_beside_the_counters_and_histograms() -> None:
+    metrics = Metrics()
+    metrics.requests.labels("validate", "CREATE", "allowed").inc()
+    text = metrics.exposition().decode()
+    assert "gpuadm_admission_requests_total" in text
+    assert "_created" not in text
