@@ -212,7 +212,7 @@ class Metrics:
     def __init__(self) -> None:
         # A `_created` series beside each counter and histogram child doubles the series
         # Prometheus stores, and no rule or panel reads them.
-        disable_created_metrics()
+        disable_created_metrics()  # type: ignore[no-untyped-call]
         self.registry = CollectorRegistry()
         self._request_children: dict[tuple[str, str, str], Any] = {}
         self._latency_children: dict[str, Any] = {}
