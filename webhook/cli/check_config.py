@@ -164,6 +164,21 @@ def run(args: argparse.Namespace) -> ExitCode:
     return ExitCode.OK
 
 
+def part_of(name: str, kind: Kind) -> Part:
+    """Return the one config of `kind` a file holds, as this check finds it (the config
+    itself, or a ConfigMap manifest of gpuadm's holding it); raise `CommandError` if it
+    holds none, several, or a ConfigMap gpuadm would not read."""
+    found = Findings([], [], [], [])
+    _read(name, _text_of(name), kind, found)
+    parts = [part for part in found.parts if part.kind == kind]
+    if found.problems:
+        raise CommandError(f"{name}:\n  " + "\n  ".join(found.problems))
+    if len(parts) != 1:
+        held = "no" if not parts else f"{len(parts)}"
+        raise CommandError(f"{name} holds {held} {kind} configs: give a file that holds one")
+    return parts[0]
+
+
 def _at(part: Part, warning: str) -> str:
     """Where a policy warning points: the line of the class it names, else the file."""
     from policies.loading import line_of

@@ -107,9 +107,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod."""
     import asyncio
 
-    from webhook.cli.config_files import load_config
+    from webhook.cli.config_files import load_documents
 
-    config = load_config(args.policy, args.quotas)
+    config = load_documents(args.policy, args.quotas)
     in_use = _in_use(args.in_use, config)
     try:
         text = sys.stdin.read() if str(args.pod) == "-" else args.pod.read_text()

@@ -94,17 +94,24 @@ MISSING_QUOTAS_REVISION = "missing"
 
 
 def snapshot_from_text(
-    policy_text: str, quotas_text: str | None, *, policy_source: str, quotas_source: str
+    policy_text: str,
+    quotas_text: str | None,
+    *,
+    policy_source: str,
+    quotas_source: str,
+    policy_first_line: int = 1,
+    quotas_first_line: int = 1,
 ) -> ConfigSnapshot:
     """Parse both configs; raise `policies.ConfigError` naming the file and line when invalid.
 
     `quotas_text` None means no quota config was given at all (a command run without
-    `--quotas`): no limits. Empty text is an invalid config, never that.
+    `--quotas`): no limits. Empty text is an invalid config, never that. A text that is a
+    block of a larger file starts at its `..._first_line` of it.
     """
-    policy = load_policy(policy_text, source=policy_source)
+    policy = load_policy(policy_text, source=policy_source, first_line=policy_first_line)
     if quotas_text is None:
         return ConfigSnapshot(policy, QuotaConfig(), revision_of(policy_text), NO_QUOTAS_REVISION)
-    quotas = load_quotas(quotas_text, source=quotas_source)
+    quotas = load_quotas(quotas_text, source=quotas_source, first_line=quotas_first_line)
     return ConfigSnapshot(policy, quotas, revision_of(policy_text), revision_of(quotas_text))
 
 

@@ -270,3 +270,48 @@ def test_serve_refuses_a_port_no_socket_has(value: str, capsys: pytest.CaptureFi
         main(["serve", "--port", value, "--policy", POLICY])
     assert exited.value.code == 2
     assert f"--port: {value!r} is not a port: give 1 to 65535" in capsys.readouterr().err
+
+
+def _config_map(name: str, key: str, text: str) -> str:
+    body = "\n".join("    " + line for line in text.splitlines())
+    return (
+        f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata:\n  {key}: |\n{body}\n"
+    )
+
+
+def test_review_takes_the_configmap_manifests_an_admin_hands_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "gpuadm-policy.yaml"
+    policy.write_text(_config_map("gpuadm-policy", "policy.yaml", Path(POLICY).read_text()))
+    quotas = tmp_path / "gpuadm-quotas.yaml"
+    quotas.write_text(
+        _config_map("gpuadm-quotas", "quotas.yaml", "namespaces:\n  team-c:\n    h100: 0\n")
+    )
+    code = main(["review", JOB, "--policy", str(policy), "--quotas", str(quotas)])
+    assert code == 1  # a worker of one H100, against a limit of none
+    assert 'namespace "team-c": h100 quota exceeded: requested 1, in use 0 of 0' in (
+        capsys.readouterr().out
+    )
+
+
+def test_review_names_the_line_of_a_configmap_s_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "gpuadm-quotas.yaml"
+    quotas.write_text(
+        _config_map("gpuadm-quotas", "quotas.yaml", "namespaces:\n  team-c:\n    h100: lots\n")
+    )
+    assert main(["review", JOB, "--policy", POLICY, "--quotas", str(quotas)]) == 2
+    assert f"{quotas}:9: " in capsys.readouterr().err
+
+
+def test_review_refuses_a_configmap_gpuadm_never_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "cm.yaml"
+    policy.write_text(_config_map("my-policy", "policy.yaml", Path(POLICY).read_text()))
+    assert main(["review", JOB, "--policy", str(policy)]) == 2
+    assert "gpuadm reads only the ConfigMaps gpuadm-policy and gpuadm-quotas" in (
+        capsys.readouterr().err
+    )
