@@ -384,6 +384,35 @@ ROUTED_REQUEST_ANNOTATIONS: frozenset[str] = frozenset(
 ROUTED_DEVICES_CONFIG_MAPS: frozenset[str] = frozenset({"-shared-gpu-i?[0-9]+(-evar)?$"})
 
 
+# Where each GPU stack installs by its documented default. Their device plugins, container
+# toolkit and drivers reach GPUs outside any pod's resources, and their schedulers and
+# binders write the annotations gpuadm keeps to itself: governed, the guard refuses them.
+GPU_STACK_NAMESPACES = {
+    "kube-system": "HAMi's chart, Volcano's vGPU device plugin, NVIDIA's static device plugin",
+    "gpu-operator": "the NVIDIA GPU Operator",
+    "nvidia-device-plugin": "the NVIDIA device plugin's Helm chart",
+    "nvidia-dra-driver-gpu": "the NVIDIA DRA driver for GPUs",
+    "hami-system": "HAMi in a namespace of its own",
+    "volcano-system": "Volcano",
+    "kai-scheduler": "KAI Scheduler",
+    "kai-resource-reservation": "KAI Scheduler's pods that hold a shared GPU",
+}
+
+
+def exemption_warnings(policy: Policy) -> list[str]:
+    """Warn of the GPU stacks' own namespaces that the policy governs: a stack run there
+    would have its device plugins and drivers refused."""
+    governed = [name for name in GPU_STACK_NAMESPACES if name not in policy.exempt_namespaces]
+    if not governed:
+        return []
+    named = "; ".join(f"{name} ({GPU_STACK_NAMESPACES[name]})" for name in governed)
+    return [
+        f"exemptNamespaces: these GPU stacks' namespaces are governed: {named}. A stack run "
+        "in one has its device plugins and drivers refused, since they reach GPUs outside "
+        "any pod's resources: exempt its namespace, and ignore this for a stack you do not run"
+    ]
+
+
 def routing_warnings(policy: Policy) -> list[str]:
     """Return what of a valid policy the shipped webhooks never send to gpuadm: resources,
     updates of the annotations a stack reads a share from, writes of the ConfigMaps through

@@ -235,3 +235,42 @@ def test_aliases_count_as_the_blocks_they_repeat_up_to_the_bound() -> None:
     with pytest.raises(ConfigError) as raised:
         load_quotas(over, source="q.yaml")
     assert "q.yaml:3: more than 200000 keys and values" in raised.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    ("exempt", "named"),
+    [
+        pytest.param(
+            ["kube-system"],
+            ["gpu-operator (the NVIDIA GPU Operator)", "kai-scheduler"],
+            id="only-kube-system",
+        ),
+        pytest.param(
+            [
+                "kube-system",
+                "gpu-operator",
+                "nvidia-device-plugin",
+                "nvidia-dra-driver-gpu",
+                "hami-system",
+                "volcano-system",
+                "kai-scheduler",
+            ],
+            ["kai-resource-reservation (KAI Scheduler's pods that hold a shared GPU)"],
+            id="all-but-kai-reservations",
+        ),
+    ],
+)
+def test_a_gpu_stack_s_namespace_left_governed_is_warned_of(
+    exempt: list[str], named: list[str]
+) -> None:
+    from policies.policy import GPU_STACK_NAMESPACES, exemption_warnings
+
+    policy = load_policy(f"exemptNamespaces: {exempt}\nclasses: {{}}\n")
+    (warning,) = exemption_warnings(policy)
+    assert warning.startswith("exemptNamespaces: these GPU stacks' namespaces are governed: ")
+    for name in named:
+        assert name in warning
+    for name in exempt:
+        assert f" {name} (" not in warning
+    everything = load_policy(f"exemptNamespaces: {list(GPU_STACK_NAMESPACES)}\nclasses: {{}}\n")
+    assert exemption_warnings(everything) == []

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     """
     from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
     from policies.loading import line_of
-    from policies.policy import routing_warnings
+    from policies.policy import exemption_warnings, routing_warnings
 
     given: list[tuple[str, Kind | None]] = [
         *((name, "policy") for name in args.policy),
@@ -132,7 +132,11 @@ def run(args: argparse.Namespace) -> ExitCode:
                 found.problems.append(
                     f"{part.source}:{line}: {'.'.join(path)}: {problem} ({policy_part.source})"
                 )
-        for warning in [*policy_warnings(policy), *routing_warnings(policy)]:
+        for warning in [
+            *policy_warnings(policy),
+            *routing_warnings(policy),
+            *exemption_warnings(policy),
+        ]:
             found.warnings.append(f"{_at(policy_part, warning)}: {warning}")
     valid = bool(found.parts) and not found.problems
     if args.output in ("json", "yaml"):
@@ -184,11 +188,9 @@ def _at(part: Part, warning: str) -> str:
     from policies.loading import line_of
 
     named = re.match(r"class ([a-z0-9-]+)\b", warning)
-    if named:
-        line = line_of(part.text, ["classes", named.group(1)], first_line=part.first_line)
-        if line is not None:
-            return f"{part.source}:{line}"
-    return part.source
+    path = ["classes", named.group(1)] if named else warning.split(":", 1)[:1]
+    line = line_of(part.text, path, first_line=part.first_line)
+    return part.source if line is None else f"{part.source}:{line}"
 
 
 def _text_of(name: str) -> str:

@@ -360,3 +360,18 @@ def test_a_missing_file_could_not_be_checked(capsys: pytest.CaptureFixture[str])
     assert main(["check-config", "/nonexistent.yaml"]) == 2
     err = capsys.readouterr().err
     assert err == "gpuadm: cannot read /nonexistent.yaml: No such file or directory\n"
+
+
+def test_a_governed_gpu_stack_namespace_is_warned_of_at_the_exemptions_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # configuration.md's complete example once exempted kube-system alone: the GPU
+    # Operator's device plugin was then refused, and check-config said "ok".
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("domain: gpuadm.io\nexemptNamespaces: [kube-system]\nclasses: {}\n")
+    assert main(["check-config", str(policy)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"warning: {policy}:2: exemptNamespaces: these GPU stacks' namespaces are governed: " in out
+    )
+    assert "gpu-operator (the NVIDIA GPU Operator)" in out
