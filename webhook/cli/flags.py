@@ -39,10 +39,9 @@ def port(value: str) -> int:
     return number
 
 
-def add_config_files(parser: argparse.ArgumentParser, *, required: bool) -> None:
-    """Add --policy and --quotas."""
-    standalone = "" if required else "; given, gpuadm runs standalone on files, else in a cluster"
-    parser.add_argument("--policy", type=Path, required=required, help="policy.yaml" + standalone)
+def add_config_files(parser: argparse.ArgumentParser, *, otherwise: str) -> None:
+    """Add --policy and --quotas; `otherwise` says what a command does without them."""
+    parser.add_argument("--policy", type=Path, help=f"policy.yaml; {otherwise}")
     parser.add_argument("--quotas", type=Path, help="quotas.yaml (default: no quotas)")
 
 
@@ -58,16 +57,19 @@ def add_kubeconfig(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def add_gpuadm_namespace(parser: argparse.ArgumentParser) -> None:
+def add_gpuadm_namespace(parser: argparse.ArgumentParser, *, has_tenant: bool = False) -> None:
     """Add --gpuadm-namespace, gpuadm's own namespace. `-n` is always a tenant's namespace;
-    the old spelling `--namespace` of commands that have no tenant still works, and warns."""
+    the old spelling `--namespace` of commands that have no tenant (`has_tenant`) still
+    works, and warns."""
     default = os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE)
     parser.add_argument(
         "--gpuadm-namespace",
         default=default,
-        help="gpuadm's namespace, where its ConfigMaps, usage records and TLS Secret live "
+        help="gpuadm's namespace, where its ConfigMaps, records and TLS Secret live "
         f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
     )
+    if has_tenant:
+        return
     parser.add_argument(
         "--namespace",
         dest="gpuadm_namespace",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -46,12 +45,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "json or yaml",
     )
     quota.add_argument("--no-headers", action="store_true", help="print the table's rows only")
-    quota.add_argument(
-        "--gpuadm-namespace",
-        default=os.environ.get("POD_NAMESPACE", flags.DEFAULT_NAMESPACE),
-        help="gpuadm's namespace, where its ConfigMaps and usage records live "
-        f"(default: $POD_NAMESPACE, else {flags.DEFAULT_NAMESPACE})",
-    )
+    flags.add_gpuadm_namespace(quota, has_tenant=True)
     flags.add_kubeconfig(quota)
     quota.set_defaults(run=run)
 

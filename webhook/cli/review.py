@@ -77,7 +77,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "admitted, 1 if one would be denied.",
     )
     review.add_argument("pod", type=Path, help="a manifest (YAML or JSON); - for stdin")
-    flags.add_config_files(review, required=True)
+    flags.add_config_files(review, otherwise="or --from-cluster")
+    review.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="judge against the cluster's own policy and quotas (gpuadm's ConfigMaps) and what "
+        "each namespace already holds and reserves (its GPUQuota objects), instead of files",
+    )
+    flags.add_kubeconfig(review)
+    flags.add_gpuadm_namespace(review, has_tenant=True)
     review.add_argument(
         "--namespace",
         "-n",
@@ -91,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default=[],
         metavar="CLASS=GPUS",
         help="GPUs of a class the namespace already holds, to see whether the pod fits next "
-        "to them (e.g. --in-use a100=3,t4=0.5; repeatable)",
+        "to them (e.g. --in-use a100=3,t4=0.5; repeatable); with --from-cluster, more than "
+        "the cluster shows",
     )
     review.add_argument(
         "--output",
@@ -109,7 +118,12 @@ def run(args: argparse.Namespace) -> ExitCode:
 
     from webhook.cli.config_files import load_documents
 
-    config = load_documents(args.policy, args.quotas)
+    if args.from_cluster == (args.policy is not None):
+        raise CommandError("give either --policy (and --quotas) files or --from-cluster")
+    if args.from_cluster and args.quotas is not None:
+        raise CommandError("--from-cluster reads the quotas from the cluster: drop --quotas")
+    cluster = _Cluster(args) if args.from_cluster else None
+    config = cluster.config if cluster is not None else load_documents(args.policy, args.quotas)
     in_use = _in_use(args.in_use, config)
     try:
         text = sys.stdin.read() if str(args.pod) == "-" else args.pod.read_text()
@@ -131,7 +145,8 @@ def run(args: argparse.Namespace) -> ExitCode:
         namespace = str(args.namespace or namespace or "default")
         # The apiserver stores a pod in the namespace it is created in.
         pod["metadata"]["namespace"] = namespace
-        result = asyncio.run(simulate_admission(pod, namespace, config, in_use=in_use))
+        held = in_use if cluster is None else _added(in_use, cluster.held(namespace))
+        result = asyncio.run(simulate_admission(pod, namespace, config, in_use=held))
         results.append({"object": label, **result} if len(pods) > 1 else result)
     if args.output == "json":
         print(json.dumps(results[0] if len(results) == 1 else {"items": results}, indent=2))
@@ -200,6 +215,54 @@ def _as_json(document: dict[str, Any], path: Path) -> dict[str, Any]:
     except (TypeError, ValueError) as error:
         raise CommandError(f"{path} holds a value JSON cannot carry: {error}") from None
     return pod
+
+
+class _Cluster:
+    """The cluster as `--from-cluster` reads it: gpuadm's config, and per namespace what
+    its GPUQuota objects say it holds and reserves, as the webhook counts it."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from webhook.cli.cluster import call, cluster_api, cluster_config
+        from webhook.kube.errors import KubeError
+
+        self._call = call
+        try:
+            self._api = cluster_api(args)
+            self.config = call(self._api, cluster_config(self._api, args.gpuadm_namespace))
+        except KubeError as error:
+            raise CommandError(str(error)) from None
+        self._held: dict[str, dict[str, Fraction]] = {}
+
+    def held(self, namespace: str) -> dict[str, Fraction]:
+        """Return the GPUs per class the namespace holds or has reserved now."""
+        if namespace not in self._held:
+            self._held[namespace] = self._call(self._api, self._read(namespace))
+        return self._held[namespace]
+
+    async def _read(self, namespace: str) -> dict[str, Fraction]:
+        from policies.quantity import QuantityError, parse_quantity
+
+        held: dict[str, Fraction] = {}
+        for class_name in self.config.policy.classes:
+            found = await self._api.get_quota_status(namespace, class_name)
+            status = (found or {}).get("status") or {}
+            try:
+                gpus = parse_quantity(str(status.get("inUse") or 0)) + parse_quantity(
+                    str(status.get("reserved") or 0)
+                )
+            except QuantityError as error:
+                raise CommandError(
+                    f"GPUQuota {namespace}/{class_name} says what gpuadm never writes: {error}"
+                ) from None
+            if gpus:
+                held[class_name] = gpus
+        return held
+
+
+def _added(one: dict[str, Fraction], other: dict[str, Fraction]) -> dict[str, Fraction]:
+    return {
+        name: one.get(name, Fraction(0)) + other.get(name, Fraction(0)) for name in {*one, *other}
+    }
 
 
 def _in_use(values: list[str], config: ConfigSnapshot) -> dict[str, Fraction]:

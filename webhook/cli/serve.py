@@ -34,7 +34,9 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "signed (the apiserver's, set in its admission configuration); probes and /metrics "
         "need none",
     )
-    flags.add_config_files(serve, required=False)
+    flags.add_config_files(
+        serve, otherwise="given, gpuadm runs standalone on files, else in a cluster"
+    )
     flags.add_kubeconfig(serve)
     flags.add_serving_names(serve)
     serve.add_argument(

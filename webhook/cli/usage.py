@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -113,12 +112,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     usage.add_argument(
         "--no-headers", action="store_true", help="print the table's or csv's rows only"
     )
-    usage.add_argument(
-        "--gpuadm-namespace",
-        default=os.environ.get("POD_NAMESPACE", flags.DEFAULT_NAMESPACE),
-        help="gpuadm's namespace, where its ConfigMaps and GPU-hours records live "
-        f"(default: $POD_NAMESPACE, else {flags.DEFAULT_NAMESPACE})",
-    )
+    flags.add_gpuadm_namespace(usage, has_tenant=True)
     flags.add_kubeconfig(usage)
     usage.set_defaults(run=run)
 

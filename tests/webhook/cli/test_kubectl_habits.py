@@ -315,3 +315,55 @@ def test_review_refuses_a_configmap_gpuadm_never_reads(
     assert "gpuadm reads only the ConfigMaps gpuadm-policy and gpuadm-quotas" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    ("in_use", "reserved", "code", "said"),
+    [
+        pytest.param("2", "1", 0, "verdict: allowed", id="room-for-one-more"),
+        pytest.param("2.5", "1", 1, "a100 quota exceeded: requested 1, in use 3.5 of 4", id="full"),
+    ],
+)
+def test_review_from_the_cluster_counts_what_the_namespace_holds_and_reserves(
+    tmp_path: Path,
+    in_use: str,
+    reserved: str,
+    code: int,
+    said: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from tests.webhook.cli.apiserver import write_kubeconfig
+
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        apiserver.objects["/apis/gpuadm.io/v1alpha1/namespaces/team-a/gpuquotas/a100"] = {
+            "kind": "GPUQuota",
+            "metadata": {"name": "a100", "namespace": "team-a"},
+            "status": {"class": "a100", "limit": "4", "inUse": in_use, "reserved": reserved},
+        }
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
+        pod = tmp_path / "pod.yaml"
+        pod.write_text(
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\nspec:\n"
+            "  containers: [{name: c, image: i, resources: {limits: {gpuadm.io/a100: 1}}}]\n"
+        )
+        args = ["review", str(pod), "--from-cluster", "--kubeconfig", str(kubeconfig)]
+        assert main(args) == code
+    assert said in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "error"),
+    [
+        pytest.param([], "give either --policy (and --quotas) files or --from-cluster", id="none"),
+        pytest.param(["--policy", POLICY, "--from-cluster"], "give either --policy", id="both"),
+        pytest.param(
+            ["--from-cluster", "--quotas", POLICY], "--from-cluster reads the quotas", id="quotas"
+        ),
+    ],
+)
+def test_review_takes_files_or_the_cluster(
+    args: list[str], error: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["review", JOB, *args]) == 2
+    assert error in capsys.readouterr().err
