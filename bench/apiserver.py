@@ -7,7 +7,6 @@ Every namespace is made before gpuadm starts, each for one kind of create:
 | `plain`  | `example.com/gpu` | the apiserver alone: gpuadm's webhooks never see this resource |
 | `native` | `example.com/gpu` | the apiserver's ResourceQuota admission                       |
 | `noop`   | `example.com/gpu` | two webhooks that do nothing, then the ResourceQuota          |
-| `noop-h2` | `example.com/gpu` | as `noop`, the webhooks served over HTTP/2 (bursts only)    |
 | `open`   | `gpuadm.io/h100`  | gpuadm's two webhooks, no quota                               |
 | `gated`  | `gpuadm.io/h100`  | gpuadm's two webhooks and its quota (a record write)          |
 | `dra-open`  | `gpuadm.io/h100-dra` | as `open`, for a `dra` class: a claim and its template |
@@ -39,15 +38,11 @@ from bench.churn import CHURN_NAMESPACE, measure_churn
 from bench.creates import Burst, PodCreator, interleaved_latencies, one_gpu_pods
 from bench.server import serving_bare
 from bench.webhooks import (
-    HTTP2_ARGS,
-    NOOP_H2_LABEL,
-    NOOP_H2_NAMES,
     NOOP_LABEL,
     REPLICAS,
     gpuadm_replicas,
     point_gpuadm_webhooks,
     register_noop_webhooks,
-    restart_replicas,
 )
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
@@ -79,13 +74,10 @@ SEQUENTIAL = {
     "dra-open": ("dra-open", DRA_RESOURCE),
     "dra-gated": ("dra-gated", DRA_RESOURCE),
 }
-# Sequential creates again once gpuadm offers HTTP/2, beside the no-op webhooks.
-OVER_HTTP2 = {"noop": ("noop", NATIVE_RESOURCE), "gated": ("gated", GPUADM_RESOURCE)}
 # Each kind of burst: what its pods ask for, and how many gpuadm replicas answer (0: none).
 BURSTS = {
     "native": (NATIVE_RESOURCE, 0),
     "noop": (NATIVE_RESOURCE, 0),
-    "noop-h2": (NATIVE_RESOURCE, 0),
     "gpuadm-1": (GPUADM_RESOURCE, 1),
     # Every pod of the burst admitted and stored, in a namespace without quota and in one
     # whose quota they all fit: the difference is what the quota costs a burst.
@@ -93,7 +85,6 @@ BURSTS = {
     "roomy-1": (GPUADM_RESOURCE, 1),
     f"gpuadm-{REPLICAS}": (GPUADM_RESOURCE, REPLICAS),
 }
-NOOP_LABELS = {"noop": NOOP_LABEL, "noop-h2": NOOP_H2_LABEL}
 # What each kind's namespace allows, if not `FIT`; None: no quota at all.
 BURST_LIMITS: dict[str, int | None] = {"unlimited-1": None, "roomy-1": ROOMY}
 WARMUP_CREATES = 10
@@ -108,13 +99,9 @@ def measure(*, count: int, rounds: int, churn_seconds: float) -> dict[str, Any]:
         tempfile.TemporaryDirectory() as workdir,
         plane.api_client() as api,
         serving_bare(Path(workdir) / "noop") as noop,
-        serving_bare(Path(workdir) / "noop-h2", http2=True) as noop_h2,
     ):
         quotas = prepare_namespaces(kubernetes.client.CoreV1Api(api), bursts)
         register_noop_webhooks(api, noop, probe_namespace="noop")
-        register_noop_webhooks(
-            api, noop_h2, probe_namespace="noop-h2", label=NOOP_H2_LABEL, names=NOOP_H2_NAMES
-        )
         with gpuadm_replicas(
             plane,
             api,
@@ -142,12 +129,6 @@ async def _measure(
         await asyncio.to_thread(point, deployment, direct=True)
         await interleaved_latencies(creator, SEQUENTIAL, count=WARMUP_CREATES, prefix="warm")
         latencies = await interleaved_latencies(creator, SEQUENTIAL, count=count, prefix="seq")
-        # From here on the replicas offer HTTP/2, as with `gpuadm serve --http2`: the
-        # creates under quota again, beside the no-op webhooks, then every burst.
-        await asyncio.to_thread(restart_replicas, deployment, HTTP2_ARGS)
-        await asyncio.to_thread(point, deployment, direct=True)
-        await interleaved_latencies(creator, OVER_HTTP2, count=WARMUP_CREATES, prefix="warm-h2")
-        over_http2 = await interleaved_latencies(creator, OVER_HTTP2, count=count, prefix="seq-h2")
         burst_figures: dict[str, list[dict[str, Any]]] = {kind: [] for kind in BURSTS}
         direct = True  # the sequential creates left gpuadm pointed at its first replica
         for round_ in range(len(bursts["native"])):
@@ -172,9 +153,6 @@ async def _measure(
         "sequential_ms_by_quarter": {
             kind: [statistics.median(part) * 1000 for part in _quarters(values)]
             for kind, values in latencies.items()
-        },
-        "sequential_ms_http2": {
-            kind: statistics.median(values) * 1000 for kind, values in over_http2.items()
         },
         "sequential_count": count,
         "burst_size": BURST,
@@ -257,7 +235,6 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
         core.create_namespace({"metadata": {"name": name}})
     native_quota(core, "native", ROOMY)
     native_quota(core, "noop", ROOMY, labels={NOOP_LABEL: "true"})
-    native_quota(core, "noop-h2", ROOMY, labels={NOOP_H2_LABEL: "true"})
     for kind, names in bursts.items():
         for name in names:
             if BURSTS[kind][1]:
@@ -266,7 +243,7 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
                 if limit is not None:
                     gpuadm_limits[name] = limit
             else:
-                labels = {NOOP_LABELS[kind]: "true"} if kind in NOOP_LABELS else {}
+                labels = {NOOP_LABEL: "true"} if kind == "noop" else {}
                 native_quota(core, name, FIT, labels=labels)
     put_configmap(core, "gpuadm-policy", "policy.yaml", BENCH_POLICY_YAML)
     return (

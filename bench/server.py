@@ -3,10 +3,9 @@
 gpuadm is `gpuadm serve` standalone, as `tests.support.ServeProcess` starts it: the example
 test policy, no quota limits (judgement is measured on its own, in bench.quota), and its
 audit records on stdout. The bare ceiling is this module run as
-`python -m bench.server PORT CERT KEY [h2]`: an aiohttp handler that decodes the review and
-allows it, with no patch. It is also the webhook that does nothing in the apiserver figures;
-with `h2` it is served as `gpuadm serve --http2` serves, HTTP/2 to callers that offer it.
-Both run on the CPUs they inherit, which the caller pins.
+`python -m bench.server PORT CERT KEY`: an aiohttp handler that decodes the review and allows
+it, with no patch. It is also the webhook that does nothing in the apiserver figures. Both
+run on the CPUs they inherit, which the caller pins.
 """
 
 from __future__ import annotations
@@ -25,10 +24,6 @@ from certs import server_ssl_context
 from tests.builders import POLICY_YAML
 from tests.e2e.gpuadm import make_tls
 from tests.support import ROOT, ServeProcess, free_port, wait_until_listening
-from webhook.server import listener
-from webhook.server.appkeys import DRAIN, MAX_BODY_BYTES, ROUTES
-from webhook.server.drain import Drain
-from webhook.server.incoming import Handler, Incoming
 
 
 @dataclass(frozen=True)
@@ -54,8 +49,8 @@ def serving_gpuadm(workdir: Path) -> Iterator[Served]:
 
 
 @contextlib.contextmanager
-def serving_bare(workdir: Path, *, http2: bool = False) -> Iterator[Served]:
-    """Run the bare handler in `workdir` until the block ends; with `http2`, offering it."""
+def serving_bare(workdir: Path) -> Iterator[Served]:
+    """Run the bare handler in `workdir` until the block ends."""
     workdir.mkdir(parents=True, exist_ok=True)
     tls = make_tls(workdir / "tls")
     port = free_port()
@@ -69,7 +64,6 @@ def serving_bare(workdir: Path, *, http2: bool = False) -> Iterator[Served]:
                 str(port),
                 str(tls.cert_file),
                 str(tls.key_file),
-                *(["h2"] if http2 else []),
             ],
             cwd=ROOT,
             stdout=log,
@@ -86,7 +80,7 @@ def serving_bare(workdir: Path, *, http2: bool = False) -> Iterator[Served]:
 def bare_app() -> web.Application:
     """Decode the review and answer "allowed": what any webhook on aiohttp must at least do."""
 
-    async def allow(request: Incoming) -> web.Response:
+    async def allow(request: web.Request) -> web.Response:
         review = orjson.loads(await request.read())
         answer = {
             "apiVersion": "admission.k8s.io/v1",
@@ -96,16 +90,8 @@ def bare_app() -> web.Application:
         return web.Response(body=orjson.dumps(answer), content_type="application/json")
 
     app = web.Application()
-    routes: dict[tuple[str, str], Handler] = {
-        ("POST", "/mutate"): allow,
-        ("POST", "/validate"): allow,
-    }
-    for (method, path), handler in routes.items():
-        app.router.add_route(method, path, handler)
-    # What gpuadm's HTTP/2 server reads of an app besides its routes.
-    app[ROUTES] = routes
-    app[DRAIN] = Drain()
-    app[MAX_BODY_BYTES] = 1024**2
+    app.router.add_post("/mutate", allow)
+    app.router.add_post("/validate", allow)
     return app
 
 
@@ -119,11 +105,6 @@ def main() -> None:
     except ImportError:
         pass
     context = server_ssl_context(Path(cert), Path(key))
-    if sys.argv[4:] == ["h2"]:
-        listener.serve(
-            bare_app(), host="127.0.0.1", port=int(port), ssl_context=context, http2=True
-        )
-        return
     web.run_app(
         bare_app(),
         host="127.0.0.1",

@@ -224,36 +224,16 @@ def create_rows(api: dict[str, Any]) -> list[Row]:
             ms["gated"],
             added=True,
         ),
-        *(
-            [
-                context(
-                    "create over HTTP/2, gpuadm quota vs two no-op webhooks + native (ms)",
-                    api["sequential_ms_http2"]["gated"],
-                    api["sequential_ms_http2"]["noop"],
-                    added=True,
-                )
-            ]
-            if "sequential_ms_http2" in api  # results of runs before it have none
-            else []
-        ),
     ]
 
 
 def burst_rows(api: dict[str, Any]) -> list[Row]:
     """Parallel bursts: wall time against the native quota's and the no-op webhooks', and
-    exactness of each kind under quota. gpuadm's replicas offer HTTP/2 in every burst
-    (`--http2`, since results with `sequential_ms_http2`); the no-op webhooks are measured
-    both ways."""
+    exactness of each kind under quota."""
     bursts, size, fit = api["bursts"], api["burst_size"], api["burst_fit"]
     native = statistics.median(b["seconds"] for b in bursts["native"])
     noop = statistics.median(b["seconds"] for b in bursts["noop"])
     found = [context(f"burst of {size}, two no-op webhooks + native vs native (s)", noop, native)]
-    noop_h2 = None
-    if "noop-h2" in bursts:  # results of runs before it was measured have none
-        noop_h2 = statistics.median(b["seconds"] for b in bursts["noop-h2"])
-        found.append(
-            context(f"burst of {size}, no-op webhooks over HTTP/2 vs HTTP/1.1 (s)", noop_h2, noop)
-        )
     for kind, runs in bursts.items():
         if kind.startswith("gpuadm-"):
             replicas = kind.split("-")[1]
@@ -271,14 +251,6 @@ def burst_rows(api: dict[str, Any]) -> list[Row]:
                     NOOP_BURST_RATIO,
                 )
             )
-            if noop_h2 is not None:
-                found.append(
-                    context(
-                        f"burst of {size}, gpuadm x{replicas} vs no-op webhooks over HTTP/2 (s)",
-                        seconds,
-                        noop_h2,
-                    )
-                )
     if "roomy-1" in bursts:  # results of runs before it was measured have none
         roomy = statistics.median(b["seconds"] for b in bursts["roomy-1"])
         unlimited = statistics.median(b["seconds"] for b in bursts["unlimited-1"])

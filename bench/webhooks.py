@@ -5,14 +5,12 @@
   in the kernel as a Service does (`bench.kernel`) where the machine lets it, else it is
   the end-to-end suite's relay in a process of its own (`bench.relay`);
   with `BENCH_ARGS`, as a cluster runs them once no older replica is left: reservations
-  leave the record once shown, and room is set aside so that most admissions write nothing;
-  then restarted with `HTTP2_ARGS`, offering HTTP/2, which the apiserver takes.
+  leave the record once shown, and room is set aside so that most admissions write nothing.
 - Two webhooks that do nothing: the bench's bare handler, registered for the namespaces that
   carry `NOOP_LABEL`. A create through them pays the two round trips that any admission
   webhook costs the apiserver, and nothing else, which splits gpuadm's overhead into what
-  being a webhook costs and what gpuadm does. The same pair also serves over HTTP/2, as
-  gpuadm does with `--http2`, for namespaces carrying `NOOP_H2_LABEL`: the floor of a
-  webhook that speaks it.
+  being a webhook costs and what gpuadm does. Both are called over HTTP/1.1, like with
+  like: it is the only protocol either serves.
 """
 
 from __future__ import annotations
@@ -44,19 +42,10 @@ from tests.e2e.gpuadm import (
 
 REPLICAS = 3
 BENCH_ARGS = (*DROP_SHOWN, "--quota-allowances")
-# The same, offering HTTP/2 (`--http2`): the bursts, and a second round of sequential
-# creates, are measured so.
-HTTP2_ARGS = (*BENCH_ARGS, "--http2")
 NOOP_LABEL = "bench.gpuadm.io/noop-webhooks"
 NOOP_NAMES = {
     "Mutating": "mutate.noop.bench.gpuadm.io",
     "Validating": "validate.noop.bench.gpuadm.io",
-}
-# The same two, served over HTTP/2 as gpuadm serves it with --http2, for their own namespaces.
-NOOP_H2_LABEL = "bench.gpuadm.io/noop-webhooks-h2"
-NOOP_H2_NAMES = {
-    "Mutating": "mutate.noop-h2.bench.gpuadm.io",
-    "Validating": "validate.noop-h2.bench.gpuadm.io",
 }
 RELAYS_ENDING_SECONDS = 0.5
 # The apiserver's own count of the calls it made to each admission webhook.
@@ -140,14 +129,6 @@ def _balancer() -> KernelBalancer | RelayProcess:
     return relay
 
 
-def restart_replicas(deployment: Deployment, args: tuple[str, ...]) -> None:
-    """Restart every replica with `args`; return once all are ready again."""
-    for process in deployment.processes:
-        process.restart(args)
-    for process in deployment.processes:
-        wait_until(process.ready, f"gpuadm on port {process.port} ready", process.log_tail)
-
-
 def point_gpuadm_webhooks(
     api: kubernetes.client.ApiClient,
     deployment: Deployment,
@@ -189,23 +170,17 @@ def point_gpuadm_webhooks(
 
 
 def register_noop_webhooks(
-    api: kubernetes.client.ApiClient,
-    served: Served,
-    *,
-    probe_namespace: str,
-    label: str = NOOP_LABEL,
-    names: dict[str, str] = NOOP_NAMES,
+    api: kubernetes.client.ApiClient, served: Served, *, probe_namespace: str
 ) -> None:
-    """Send every pod create in a namespace labelled `label` to `served`, both ways, through
-    webhooks called `names`.
+    """Send every pod create in a namespace labelled `NOOP_LABEL` to `served`, both ways.
 
     Returns once a create in `probe_namespace` (which must carry the label) reaches both.
     """
     admission = kubernetes.client.AdmissionregistrationV1Api(api)
-    for kind, name in names.items():
+    for kind, name in NOOP_NAMES.items():
         configuration = {
             "metadata": {"name": name},
-            "webhooks": [noop_webhook(kind, name, served, label)],
+            "webhooks": [noop_webhook(kind, name, served)],
         }
         if kind == "Mutating":
             admission.create_mutating_webhook_configuration(configuration)
@@ -214,15 +189,15 @@ def register_noop_webhooks(
     core = kubernetes.client.CoreV1Api(api)
 
     def in_force() -> bool:
-        before = {name: webhook_calls(api, name) for name in names.values()}
+        before = {name: webhook_calls(api, name) for name in NOOP_NAMES.values()}
         body = pod_body({"example.com/probe": "1"})
         core.create_namespaced_pod(probe_namespace, body, dry_run="All")
-        return all(webhook_calls(api, name) > before[name] for name in names.values())
+        return all(webhook_calls(api, name) > before[name] for name in NOOP_NAMES.values())
 
     wait_until(in_force, "the no-op webhooks in force")
 
 
-def noop_webhook(kind: str, name: str, served: Served, label: str) -> dict[str, Any]:
+def noop_webhook(kind: str, name: str, served: Served) -> dict[str, Any]:
     """Return one webhook of a configuration: every pod create, in labelled namespaces."""
     path = "/mutate" if kind == "Mutating" else "/validate"
     return {
@@ -241,7 +216,7 @@ def noop_webhook(kind: str, name: str, served: Served, label: str) -> dict[str, 
                 "scope": "Namespaced",
             }
         ],
-        "namespaceSelector": {"matchLabels": {label: "true"}},
+        "namespaceSelector": {"matchLabels": {NOOP_LABEL: "true"}},
         "sideEffects": "None",
         "timeoutSeconds": 5,
         "failurePolicy": "Fail",

@@ -56,7 +56,8 @@ def server_ssl_context(
     """
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
-    # The apiserver calls webhooks over HTTP/1.1 only.
+    # HTTP/1.1 only, the one protocol the webhook serves: the apiserver, which would take
+    # HTTP/2 if offered it, then calls over HTTP/1.1 (docs/security.md, "HTTP/1.1 only").
     context.set_alpn_protocols(["http/1.1"])
     # No session tickets: the apiserver never resumes a session (client-go keeps no session
     # cache), so each would be made for nothing, and making one holds the client's

@@ -68,7 +68,7 @@ def test_server_context_refuses_protocols_older_than_tls_1_2(tmp_path: Path) -> 
         pytest.param(ssl.TLSVersion.TLSv1_3, id="tls-1.3"),
     ],
 )
-def test_server_context_presents_its_certificate_and_speaks_http_1_1(
+def test_server_context_presents_its_certificate_and_speaks_http_1_1_only(
     tmp_path: Path, client_max: ssl.TLSVersion
 ) -> None:
     ca, serving = wall_clock_pair()
@@ -76,6 +76,7 @@ def test_server_context_presents_its_certificate_and_speaks_http_1_1(
     server = server_ssl_context(paths.cert_file, paths.key_file)
     client = client_context(ca.cert_pem)
     client.maximum_version = client_max
+    # As the apiserver's webhook client offers them: HTTP/2 first, which gpuadm never serves.
     client.set_alpn_protocols(["h2", "http/1.1"])
 
     client_end = handshake(server, client)

@@ -105,7 +105,6 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
             id="selector-label",
         ),
         pytest.param("quotas.mode=warning", "value must be one of", id="quota-mode"),
-        pytest.param("http2=yes", "got string, want boolean", id="http2-not-a-switch"),
         pytest.param(
             "quotaRecord.allowances=on", "got string, want boolean", id="allowances-not-a-switch"
         ),
@@ -299,12 +298,13 @@ def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj
     assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE", "TZ"]
 
 
-def test_http2_is_offered_only_when_asked_for(render: Render) -> None:
-    def command(*args: str) -> list[str]:
-        return _command(render("helm", *args))
-
-    assert "--http2" not in command()
-    assert "--http2" in command("--set", "http2=true")
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_the_removed_http2_value_still_installs_and_changes_nothing(
+    render: Render, value: str
+) -> None:
+    """gpuadm serves HTTP/1.1 only: a values file written when `http2` was a switch installs,
+    and the replicas run as without it."""
+    assert _command(render("helm", "--set", f"http2={value}")) == _command(render("helm"))
 
 
 def test_the_usage_record_is_written_the_new_ways_only_when_asked_for(render: Render) -> None:

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import subprocess
 import uuid
+from pathlib import Path
 
 import kubernetes.client
 import pytest
 from kubernetes.dynamic import DynamicClient
 
-from tests.deploy.test_manifests import RENDERS, Render, render, tools  # noqa: F401
+from tests.deploy.test_manifests import RENDERS, REPO, Render, render, tools  # noqa: F401
+from tests.e2e.cluster import ControlPlane
 
 # cert-manager's CRDs are not installed in the test control plane; the fast suite checks
 # those objects against cert-manager's API by hand.
@@ -56,3 +59,45 @@ def test_every_rendered_object_is_accepted_by_the_apiserver(
         "Service",
         "PodDisruptionBudget",
     } <= set(applied)
+
+
+@pytest.mark.parametrize("value", ["true", "false"])
+def test_the_install_notes_say_the_removed_http2_value_is_ignored(
+    control_plane: ControlPlane,
+    tools: dict[str, Path],  # noqa: F811
+    value: str,
+) -> None:
+    """A values file that still sets `http2` installs (tests/deploy/test_chart.py); its install
+    says to remove it. Helm prints the notes only on an install, which asks an apiserver for
+    its version even in a dry run, so this one runs here."""
+    warning = "the value http2 is ignored; remove it from your values"
+    helm = tools["helm"]
+    assert warning in _install_notes(control_plane, helm, "--set", f"http2={value}")
+    assert "http2" not in _install_notes(control_plane, helm)
+
+
+def _install_notes(plane: ControlPlane, helm: Path, *values: str) -> str:
+    """The notes `helm install` prints, in a dry run that stores nothing."""
+    result = subprocess.run(
+        [
+            str(helm),
+            "install",
+            f"notes-{uuid.uuid4().hex[:8]}",
+            "deploy/helm/gpuadm",
+            "--dry-run=client",
+            # The suite's own cluster-wide objects (its ClusterRoles) are not this release's:
+            # an install would refuse them as taken, before the dry run's end.
+            "--take-ownership",
+            "--kubeconfig",
+            str(plane.kubeconfig_path),
+            "--namespace",
+            "gpuadm-notes",
+            *values,
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout.split("NOTES:", 1)[1]

@@ -109,13 +109,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "close after each answer, so callers move to other replicas before this one stops "
         "(the chart sets 5; default 0)",
     )
-    serve.add_argument(
-        "--http2",
-        action="store_true",
-        help="offer HTTP/2 to callers that ask for it (the apiserver does): a burst of calls "
-        "then shares one connection and one TLS handshake; each apiserver then calls one "
-        "replica for as long as its connection lasts (default off: HTTP/1.1 only)",
-    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.add_argument(
         "--log-format",
@@ -204,7 +197,6 @@ def run(args: argparse.Namespace) -> ExitCode:
         lease_seconds=args.lease_seconds,
         drop_shown_reservations=args.drop_shown_reservations,
         quota_allowances=args.quota_allowances,
-        http2=args.http2,
         gpu_hours_checkpoint_seconds=args.gpu_hours_checkpoint_seconds,
         gpu_hours_bucket_seconds=args.gpu_hours_bucket_seconds,
         identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
@@ -240,9 +232,8 @@ def run(args: argparse.Namespace) -> ExitCode:
             port=settings.port,
             ssl_context=ssl_context,
             on_refused=app[METRICS].connections_refused.inc,
-            on_opened=lambda protocol: app[METRICS].connections_opened.labels(protocol).inc(),
+            on_opened=app[METRICS].connections_opened.inc,
             drain_seconds=args.shutdown_delay_seconds,
-            http2=settings.http2,
         )
     except OSError as error:
         raise CommandError(

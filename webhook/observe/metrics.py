@@ -294,12 +294,13 @@ class Metrics:
             ["task"],
             registry=r,
         )
+        # HTTP/1.1 is the one protocol served; the label stays for the dashboards that read it.
         self.connections_opened = Counter(
             "gpuadm_connections_opened",
-            "Connections served, by the protocol the caller chose: h2 (--http2), or http/1.1.",
+            "Connections served, by protocol: http/1.1, the only one gpuadm serves.",
             ["protocol"],
             registry=r,
-        )
+        ).labels("http/1.1")
         self.connections_refused = Counter(
             "gpuadm_connections_refused",
             "Connections closed on arrival because the replica served its maximum already.",

@@ -17,17 +17,9 @@ from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.gate import QuotaGate, Unlimited
 from webhook.server import handlers
-from webhook.server.appkeys import (
-    DRAIN,
-    MAX_BODY_BYTES,
-    METRICS,
-    READINESS,
-    ROUTES,
-    ReadinessCheck,
-)
+from webhook.server.appkeys import DRAIN, METRICS, NOTICES, READINESS, ReadinessCheck
 from webhook.server.budget import RequestBudget
 from webhook.server.drain import Drain
-from webhook.server.incoming import Handler
 from webhook.server.lifecycle import Background, Supervisor
 from webhook.server.settings import Settings
 from webhook.tls.reloading import TLS_STALE_SECONDS, certificate_problem, keep_certificate_fresh
@@ -47,6 +39,7 @@ def create_app(
     background: Sequence[Background] = (),
     supervisor: Supervisor | None = None,
     readiness: Sequence[ReadinessCheck] = (),
+    notices: Sequence[ReadinessCheck] = (),
     budget: RequestBudget | None = None,
 ) -> web.Application:
     """Build the whole webhook application; nothing is added to it after this returns.
@@ -58,7 +51,7 @@ def create_app(
     decision; `tls` is the certificate reloader of the served
     context, polled for new files; `background` runs while the app serves, under
     `supervisor` (default: a new one), whose stale tasks fail /readyz; `readiness` checks are
-    added to the config check behind /readyz.
+    added to the config check behind /readyz, and `notices` are shown by it without failing.
     """
     metrics = metrics if metrics is not None else Metrics()
     tasks = supervisor if supervisor is not None else Supervisor(metrics)
@@ -66,7 +59,6 @@ def create_app(
     # One byte over the review limit lets the edge tell "too large" apart from a body that
     # happens to be exactly the limit.
     app = web.Application(client_max_size=settings.max_review_bytes + 1)
-    app[MAX_BODY_BYTES] = settings.max_review_bytes + 1
     app[METRICS] = metrics
     drain = app[DRAIN] = Drain()
     app.on_response_prepare.append(drain.close_after_answer)
@@ -98,16 +90,11 @@ def create_app(
         claims=claims or NoClaims(),
         trusted=decisions.Trusted(settings.trusted_user, settings.claim_controllers),
     )
-    routes: dict[tuple[str, str], Handler] = {
-        ("POST", "/mutate"): endpoint("mutate", mutate).handle,
-        ("POST", "/validate"): endpoint("validate", validate).handle,
-        ("GET", "/healthz"): handlers.handle_healthz,
-        ("GET", "/readyz"): handlers.handle_readyz,
-        ("GET", "/metrics"): handlers.handle_metrics,
-    }
-    for (method, path), handler in routes.items():
-        app.router.add_route(method, path, handler)
-    app[ROUTES] = routes
+    app.router.add_post("/mutate", endpoint("mutate", mutate).handle)
+    app.router.add_post("/validate", endpoint("validate", validate).handle)
+    app.router.add_get("/healthz", handlers.handle_healthz)
+    app.router.add_get("/readyz", handlers.handle_readyz)
+    app.router.add_get("/metrics", handlers.handle_metrics)
     if audit is not None:
         metrics.watch_audit(audit.reading)
         app.cleanup_ctx.append(partial(_audit_writer, audit))
@@ -117,6 +104,7 @@ def create_app(
         work.append(Background("tls-reload", fresh, stale_after=TLS_STALE_SECONDS))
         checks.append(partial(certificate_problem, tls))
     app[READINESS] = tuple(checks)
+    app[NOTICES] = tuple(notices)
     metrics.watch_readiness(lambda: all(check() is None for check in app[READINESS]))
     for item in work:
         app.cleanup_ctx.append(tasks.for_app_lifetime(item))

@@ -8,7 +8,6 @@ from aiohttp import web
 
 from webhook.observe.metrics import Metrics
 from webhook.server.drain import Drain
-from webhook.server.incoming import Routes
 
 # Each check returns None when ready, else the reason it is not.
 ReadinessCheck = Callable[[], str | None]
@@ -16,7 +15,6 @@ ReadinessCheck = Callable[[], str | None]
 DRAIN = web.AppKey("drain", Drain)
 METRICS = web.AppKey("metrics", Metrics)
 READINESS = web.AppKey("readiness", Sequence[ReadinessCheck])
-# Every route, for servers other than aiohttp's own router (HTTP/2), and the most bytes a
-# body may have, as aiohttp's `client_max_size`.
-ROUTES: web.AppKey[Routes] = web.AppKey("routes")
-MAX_BODY_BYTES = web.AppKey("max_body_bytes", int)
+# Checks of the same form whose reasons /readyz shows without failing: a degraded part that
+# every replica shares, so that failing readiness would take all of them down.
+NOTICES = web.AppKey("notices", Sequence[ReadinessCheck])

@@ -42,9 +42,8 @@ from webhook.reviews.request import (
     decode_review,
     decoded_weight,
 )
-from webhook.server.appkeys import METRICS, READINESS
+from webhook.server.appkeys import METRICS, NOTICES, READINESS
 from webhook.server.budget import ByteBudget, MiB, RequestBudget
-from webhook.server.incoming import Incoming
 
 log = logging.getLogger("gpuadm.http")
 
@@ -67,10 +66,10 @@ class Refusal(Exception):
 
 
 # A filter of the edge, on the HTTP request before its body is read: a refusal, or None.
-RequestFilter = Callable[[Incoming], Refusal | None]
+RequestFilter = Callable[[web.Request], Refusal | None]
 
 
-def client_certificate(request: Incoming) -> Refusal | None:
+def client_certificate(request: web.Request) -> Refusal | None:
     """Refuse a caller without a certificate signed by the client CA (the apiserver has one)."""
     transport = request.transport
     if transport is not None and peer_certificate_verified(transport.get_extra_info("peercert")):
@@ -78,14 +77,14 @@ def client_certificate(request: Incoming) -> Refusal | None:
     return Refusal(401, "a client certificate signed by gpuadm's --client-ca-file is required")
 
 
-def json_content(request: Incoming) -> Refusal | None:
+def json_content(request: web.Request) -> Refusal | None:
     """Refuse a body that does not say it is JSON."""
     if request.content_type == "application/json":
         return None
     return Refusal(415, f"Content-Type must be application/json, got {request.content_type!r}")
 
 
-def uncompressed(request: Incoming) -> Refusal | None:
+def uncompressed(request: web.Request) -> Refusal | None:
     """Refuse a compressed body unread."""
     encoding = request.headers.get("Content-Encoding", "").strip().lower()
     if encoding in IDENTITY:
@@ -97,7 +96,7 @@ def uncompressed(request: Incoming) -> Refusal | None:
     )
 
 
-def announced_within(request: Incoming, limit: int) -> Refusal | None:
+def announced_within(request: web.Request, limit: int) -> Refusal | None:
     """Refuse a body whose announced length is over `limit` bytes, before reading it."""
     if request.content_length is None or request.content_length <= limit:
         return None
@@ -139,7 +138,7 @@ class ReviewEndpoint:
         )
         self._large = asyncio.Semaphore(MAX_LARGE_IN_FLIGHT)
 
-    async def handle(self, request: Incoming) -> web.Response:
+    async def handle(self, request: web.Request) -> web.Response:
         """Pass the filters, read the review within the budget, decode, decide, audit, and
         answer."""
         started = time.perf_counter()
@@ -166,7 +165,7 @@ class ReviewEndpoint:
             log.debug("the caller of /%s closed the connection before its answer", self.name)
             return web.Response(status=499)
 
-    async def _read_within_budget(self, request: Incoming, held: AsyncExitStack) -> bytes:
+    async def _read_within_budget(self, request: web.Request, held: AsyncExitStack) -> bytes:
         """Read the body, then take what decoding it costs from the budget, in `held`."""
         announced = request.content_length
         if announced is None or announced >= LARGE_REVIEW_BYTES:
@@ -223,7 +222,7 @@ class ReviewEndpoint:
             )
             return decision, decision.review(review.uid)
 
-    async def _read_body(self, request: Incoming) -> bytes:
+    async def _read_body(self, request: web.Request) -> bytes:
         limit = self.max_review_bytes
         try:
             return await request.read()
@@ -243,20 +242,22 @@ def _json(status: int, payload: object) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(payload), content_type="application/json")
 
 
-async def handle_healthz(request: Incoming) -> web.Response:
+async def handle_healthz(request: web.Request) -> web.Response:
     """GET /healthz: the process serves requests."""
     return web.Response(text="ok")
 
 
-async def handle_readyz(request: Incoming) -> web.Response:
-    """GET /readyz: config loaded and every background source in sync."""
+async def handle_readyz(request: web.Request) -> web.Response:
+    """GET /readyz: config loaded and every background source in sync; notices of what is
+    degraded follow an `ok` without failing it."""
     reasons = [reason for check in request.app[READINESS] if (reason := check()) is not None]
     if reasons:
         return web.Response(status=503, text="not ready: " + "; ".join(reasons))
-    return web.Response(text="ok")
+    notices = [notice for check in request.app[NOTICES] if (notice := check()) is not None]
+    return web.Response(text="; ".join(["ok", *notices]))
 
 
-async def handle_metrics(request: Incoming) -> web.Response:
+async def handle_metrics(request: web.Request) -> web.Response:
     """GET /metrics: Prometheus text format."""
     body = request.app[METRICS].exposition()
     return web.Response(body=body, content_type="text/plain", charset="utf-8")

@@ -7,8 +7,8 @@ handshakes that take longer than `HANDSHAKE_SECONDS`, and never inflates a compr
 (the handlers refuse one unread). It logs that it serves only once it listens, so a port
 in use is a clear error, not a traceback after "serving on".
 
-With `http2`, a caller that offers HTTP/2 in its TLS handshake gets it (`server.http2`),
-under the same connection limit; every other caller, HTTP/1.1 as before.
+It serves HTTP/1.1 only (aiohttp's), and the TLS context offers nothing else by ALPN
+(`certs.server_ssl_context`).
 """
 
 from __future__ import annotations
@@ -24,17 +24,9 @@ from typing import Any
 from aiohttp import web
 
 from webhook.server.appkeys import DRAIN
-from webhook.server.http2 import (
-    ALPN,
-    MAX_ANSWERS_IN_PROGRESS,
-    AnswersInProgress,
-    Http2Connection,
-    served_over_http2,
-)
 
 log = logging.getLogger("gpuadm.serve")
 
-HTTP1 = "http/1.1"
 # The apiserver keeps one connection per concurrent call from a small pool, and a replica
 # serves one or a few apiservers: hundreds are plenty.
 MAX_CONNECTIONS = 1024
@@ -63,22 +55,10 @@ class LimitedSite(web.BaseSite):
     A connection counts from the moment it is accepted: while its TLS handshake runs (which
     has `HANDSHAKE_SECONDS` to finish), then in aiohttp's own list of open connections
     until its handler is done. `on_refused` is called for each connection closed, and
-    `on_opened` with the protocol of each served (`HTTP1`, or `http2.ALPN`).
+    `on_opened` for each served.
     """
 
-    __slots__ = (
-        "_answers",
-        "_handshaking",
-        "_host",
-        "_http2",
-        "_http2_gone",
-        "_max_connections",
-        "_on_opened",
-        "_on_refused",
-        "_port",
-        "_served_http2",
-        "_stopping",
-    )
+    __slots__ = ("_handshaking", "_host", "_max_connections", "_on_opened", "_on_refused", "_port")
 
     def __init__(
         self,
@@ -89,29 +69,11 @@ class LimitedSite(web.BaseSite):
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int = MAX_CONNECTIONS,
         on_refused: Callable[[], None] = lambda: None,
-        on_opened: Callable[[str], None] = lambda protocol: None,
+        on_opened: Callable[[], None] = lambda: None,
         backlog: int = 128,
-        http2: bool = False,
-        max_http2_answers: int = MAX_ANSWERS_IN_PROGRESS,
     ) -> None:
-        """Listen on `host`:`port`, with TLS from `ssl_context` when given.
-
-        With `http2` (and TLS), callers that offer HTTP/2 are served it (`server.http2`),
-        with at most `max_http2_answers` streams answered at once over all of them; the
-        others, HTTP/1.1.
-        """
-        if http2 and not isinstance(runner, web.AppRunner):
-            raise ValueError("HTTP/2 is served for an application's runner only")
-        if http2 and ssl_context is not None:
-            # Set on the served context, which certificate reloads keep.
-            ssl_context.set_alpn_protocols([ALPN, HTTP1])
+        """Listen on `host`:`port`, with TLS from `ssl_context` when given."""
         super().__init__(runner, ssl_context=ssl_context, backlog=backlog)
-        self._http2 = http2 and ssl_context is not None
-        self._served_http2: set[Http2Connection] = set()
-        self._answers = AnswersInProgress(max_http2_answers)
-        self._stopping = False
-        # Set whenever no HTTP/2 connection is open.
-        self._http2_gone = asyncio.Event()
         self._host = host
         self._port = port
         self._max_connections = max_connections
@@ -125,37 +87,6 @@ class LimitedSite(web.BaseSite):
         """Return the site's URL, as aiohttp's own sites do."""
         scheme = "https" if self._ssl_context else "http"
         return f"{scheme}://{self._host}:{self._port}"
-
-    @property
-    def open_connections(self) -> int:
-        """Connections served now, over either protocol, handshakes under way aside."""
-        server = self._runner.server
-        return (len(server.connections) if server else 0) + len(self._served_http2)
-
-    async def stop(self) -> None:
-        """Stop listening; HTTP/2 connections answer what they began, then close.
-
-        aiohttp's runner then waits for its own connections' answers, up to its shutdown
-        timeout; the HTTP/2 answers, those of connections already gone included, are
-        waited for here as long.
-        """
-        await super().stop()
-        self._stopping = True
-        for connection in list(self._served_http2):
-            connection.close()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + SHUTDOWN_SECONDS
-        if self._answers.tasks:
-            await asyncio.wait(set(self._answers.tasks), timeout=SHUTDOWN_SECONDS)
-        if self._served_http2:
-            self._http2_gone.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(
-                    self._http2_gone.wait(), max(0.0, deadline - loop.time()) + 1
-                )
-        for connection in list(self._served_http2):
-            if connection.transport is not None:
-                connection.transport.abort()
 
     async def start(self) -> None:
         """Listen; from now on connections are served, up to the limit."""
@@ -180,7 +111,7 @@ class LimitedSite(web.BaseSite):
 
         def protocol() -> asyncio.BaseProtocol:
             now = loop.time()
-            at_limit = self.open_connections + len(self._handshaking) >= self._max_connections
+            at_limit = len(server.connections) + len(self._handshaking) >= self._max_connections
             # Once a second, and whenever the count reaches the limit: not at each of a
             # burst's connections, which made the pass quadratic in the handshakes under way.
             if self._handshaking and (at_limit or now - pruned[0] >= PRUNE_SECONDS):
@@ -192,60 +123,15 @@ class LimitedSite(web.BaseSite):
                     for handler, deadline in self._handshaking.items()
                     if deadline > now and getattr(handler, "transport", None) is None
                 }
-            if self.open_connections + len(self._handshaking) >= self._max_connections:
+            if len(server.connections) + len(self._handshaking) >= self._max_connections:
                 self._on_refused()
                 return _Closing()
-            handler: asyncio.BaseProtocol
-            if self._http2:
-                handler = _Negotiated(server, self._http2_connection, self._on_opened)
-            else:
-                self._on_opened(HTTP1)
-                handler = server()
+            self._on_opened()
+            handler = server()
             self._handshaking[handler] = now + HANDSHAKE_SECONDS + 1
             return handler
 
         return protocol
-
-    def _http2_connection(self) -> Http2Connection:
-        assert isinstance(self._runner, web.AppRunner)  # as __init__ checked
-        connection = Http2Connection(
-            self._runner.app,
-            self._answers,
-            on_closed=self._http2_closed,
-        )
-        # One whose handshake ends after the stop began is told at once.
-        connection.close_on_arrival = self._stopping
-        self._served_http2.add(connection)
-        return connection
-
-    def _http2_closed(self, connection: Http2Connection) -> None:
-        self._served_http2.discard(connection)
-        if not self._served_http2:
-            self._http2_gone.set()
-
-
-class _Negotiated(asyncio.Protocol):
-    """A TLS connection until its handshake ends, then handed to the protocol its caller
-    chose by ALPN: HTTP/2, or aiohttp's HTTP/1.1."""
-
-    def __init__(
-        self,
-        http1: Callable[[], asyncio.Protocol],
-        http2: Callable[[], Http2Connection],
-        on_opened: Callable[[str], None],
-    ) -> None:
-        self._http1 = http1
-        self._http2 = http2
-        self._on_opened = on_opened
-        self.transport: asyncio.BaseTransport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport
-        over_http2 = served_over_http2(transport)
-        self._on_opened(ALPN if over_http2 else HTTP1)
-        chosen = self._http2() if over_http2 else self._http1()
-        transport.set_protocol(chosen)
-        chosen.connection_made(transport)
 
 
 class _Closing(asyncio.Protocol):
@@ -262,13 +148,12 @@ def serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None] = lambda: None,
-    on_opened: Callable[[str], None] = lambda protocol: None,
+    on_opened: Callable[[], None] = lambda: None,
     max_connections: int = MAX_CONNECTIONS,
     drain_seconds: float = 0.0,
-    http2: bool = False,
 ) -> None:
     """Serve `app` until SIGINT or SIGTERM, then stop gracefully; raise `OSError` when the
-    address cannot be listened on. With `http2`, callers that offer HTTP/2 are served it.
+    address cannot be listened on.
 
     After SIGTERM the app drains for `drain_seconds` first (see `drain.py`), if it has a
     `Drain`; SIGINT or a second signal stops at once.
@@ -283,7 +168,6 @@ def serve(
             on_opened,
             max_connections,
             drain_seconds,
-            http2,
         )
     )
 
@@ -294,10 +178,9 @@ async def _serve(
     port: int,
     ssl_context: ssl.SSLContext | None,
     on_refused: Callable[[], None],
-    on_opened: Callable[[str], None],
+    on_opened: Callable[[], None],
     max_connections: int,
     drain_seconds: float,
-    http2: bool,
 ) -> None:
     stop = asyncio.Event()
     at_once = asyncio.Event()
@@ -321,7 +204,6 @@ async def _serve(
             max_connections=max_connections,
             on_refused=on_refused,
             on_opened=on_opened,
-            http2=http2,
         )
         await site.start()
         log.info("serving on %s", site.name)

@@ -56,8 +56,6 @@ class Settings:
     """Set room of a namespace aside for this replica to admit pods from without a write of
     the usage record (`webhook.quota.allowances`); off until no replica older than
     allowances is left."""
-    http2: bool = False
-    """Serve HTTP/2 to callers that offer it by ALPN (`webhook.server.http2`)."""
     gpu_hours_checkpoint_seconds: float = 60.0
     """How often the leader counts GPU pods' running time into the GPU-hour records, and
     every replica reads them (`webhook.gpu_hours.ledger`)."""

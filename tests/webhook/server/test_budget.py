@@ -297,6 +297,7 @@ async def limited() -> AsyncIterator[tuple[int, Metrics]]:
         0,
         max_connections=3,
         on_refused=metrics.connections_refused.inc,
+        on_opened=metrics.connections_opened.inc,
     )
     await site.start()
     server = site._server
@@ -328,8 +329,25 @@ async def test_connections_over_the_limit_are_closed_and_counted(
     await asyncio.sleep(0.1)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     assert b"hello" in await _get(reader, writer)
+    assert metrics.connections_opened._value.get() == 4  # the refused one is not counted
     for _, other in (*held[1:], (reader, writer)):
         other.close()
+
+
+async def test_a_caller_that_speaks_http2_unasked_is_refused_and_served_nothing(
+    limited: tuple[int, Metrics],
+) -> None:
+    """HTTP/2 with prior knowledge, past ALPN: the preface and a SETTINGS frame."""
+    port, _ = limited
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+    answer = await asyncio.wait_for(reader.read(4096), timeout=10)
+    assert answer.startswith(b"HTTP/1.0 400 Bad Request"), answer
+    assert await asyncio.wait_for(reader.read(4096), timeout=10) == b""  # closed
+    writer.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    assert b"hello" in await _get(reader, writer)
+    writer.close()
 
 
 async def test_a_silent_caller_is_dropped_at_the_handshake_deadline(
