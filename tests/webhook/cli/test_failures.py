@@ -118,7 +118,7 @@ CASES = [
     pytest.param(
         lambda w: ["review", str(w.pod_without_metadata), "--policy", str(w.missing)],
         2,
-        "cannot read config",
+        "nowhere: No such file or directory",
         id="review-missing-policy",
     ),
     pytest.param(
@@ -131,7 +131,7 @@ CASES = [
             str(w.missing),
         ],
         2,
-        "cannot read config",
+        "nowhere: No such file or directory",
         id="review-missing-quotas",
     ),
     pytest.param(

@@ -118,7 +118,8 @@ def test_stdin_is_read_with_a_dash() -> None:
 
 
 def test_dash_n_is_the_namespace_of_the_stored_pod_too(tmp_path: Path) -> None:
-    pod = {"kind": "Pod", "metadata": {"name": "p", "namespace": "team-a"}, "spec": POD_SPEC}
+    # A manifest that names another namespace is refused (test_kubectl_habits.py).
+    pod = {"kind": "Pod", "metadata": {"name": "p"}, "spec": POD_SPEC}
     code, result = review(tmp_path, [pod], "-n", "team-b")
     assert code == 0
     assert result["namespace"] == "team-b"
