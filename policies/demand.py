@@ -139,6 +139,11 @@ def read_demand(
     requested = [key for key in REQUEST_ANNOTATIONS if key in annotations] if annotations else []
     if not found and not requested:
         return None
+    if not policy.classes:
+        # A policy with no classes (the Helm chart's default) has nothing to turn a GPU
+        # stack's own request into and nothing to charge it to: such a pod is not gpuadm's,
+        # and goes on as written. Keys under the domain were refused by `_scan` already.
+        return None
     class_name = _pod_class(annotations, found, policy, namespace_default_class, requested)
     gpu_class = policy.classes[class_name]
     containers = [_container_demand(item, class_name, gpu_class, policy) for item in found]
@@ -230,7 +235,7 @@ def _scan(container: ContainerView, policy: Policy, templates: dict[str, str]) -
         found = found or _Found(container_ref(container))
         ref = found.ref
         if kind.role is ResourceRole.UNKNOWN_CLASS:
-            known = ", ".join(sorted(policy.classes))
+            known = ", ".join(sorted(policy.classes)) or "none"
             raise Denial(f"{ref}: {key} names no GPU class (classes: {known})")
         value, amount = _agreed_value(ref, key, limits, requests)
         if kind.key is not None:

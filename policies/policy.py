@@ -155,8 +155,6 @@ class Policy(Model):
     @field_validator("classes")
     @classmethod
     def _class_names(cls, classes: dict[str, ClassBase]) -> dict[str, ClassBase]:
-        if not classes:
-            raise ValueError("define at least one GPU class")
         for name in classes:
             if not CLASS_NAME.match(name):
                 raise ValueError(
@@ -182,7 +180,7 @@ class Policy(Model):
         if self.default_class is not None and self.default_class not in self.classes:
             raise ValueError(
                 f"defaultClass {self.default_class!r} is not a class "
-                f"(classes: {', '.join(sorted(self.classes))})"
+                f"(classes: {', '.join(sorted(self.classes)) or 'none'})"
             )
         self._device_resources_are_their_own()
         return self

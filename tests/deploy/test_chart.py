@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,14 +18,20 @@ import kubernetes.client
 import pytest
 import yaml
 
+from policies import load_policy, plan
+from tests.builders import pod
 from tests.deploy import test_manifests as manifests
 from tests.deploy.test_manifests import (
+    EXAMPLES,
+    GPU_STACK_NAMESPACES,
     HELM_TEMPLATE,
+    NAMESPACE,
     RENDERS,
     REPO,
     Obj,
     Render,
     Rendered,
+    _excluded_namespaces,
     schema_errors,
 )
 
@@ -374,3 +381,252 @@ def test_the_default_placement_can_be_dropped(render: Render) -> None:
     )
     for key in ("affinity", "topologySpreadConstraints", "priorityClassName"):
         assert key not in spec
+
+
+# --- policy and quotas: installed as the admin wrote them -------------------------------------
+
+EXAMPLE_VALUES = EXAMPLES / "values-example.yaml"
+# An admin's own config: three classes and four namespaces, none of them the example's. The
+# example has a t4 class too, on gpu-manager with a nodeSelector of gpu-manager's nodes: merged
+# into this time-slicing t4, it would keep every T4 pod Pending.
+MINE_POLICY: dict[str, Any] = {
+    "exemptNamespaces": ["gpu-operator", "nvidia-device-plugin"],
+    "classes": {
+        "a100": {"backend": "nvidia", "models": ["NVIDIA A100-SXM4-80GB"]},
+        "t4": {"backend": "time-slicing", "models": ["Tesla T4"]},
+        "l4": {"backend": "nvidia", "models": ["NVIDIA L4"]},
+    },
+}
+MINE_QUOTAS: dict[str, Any] = {
+    "mode": "warn",
+    "namespaces": {
+        "vision": {"a100": 2},
+        "speech": {"t4": 4},
+        "search": {"l4": 1, "t4": 1},
+        "batch": {"mode": "queue", "a100": 1},
+    },
+}
+# The same config as an admin keeps it in files, comments and all.
+MINE_POLICY_TEXT = """\
+# Our GPUs (docs/configuration.md).
+exemptNamespaces: [gpu-operator, nvidia-device-plugin]
+classes:
+  a100: {backend: nvidia, models: [NVIDIA A100-SXM4-80GB]}
+  t4:
+    backend: time-slicing   # the T4 nodes share by time-slicing
+    models: [Tesla T4]
+  l4: {backend: nvidia, models: [NVIDIA L4]}
+"""
+MINE_QUOTAS_TEXT = """\
+mode: warn
+namespaces:
+  vision: {a100: 2}
+  speech: {t4: 4}
+  search: {l4: 1, t4: 1}
+  batch: {mode: queue, a100: 1}
+"""
+
+
+def _template(tools: dict[str, Path], *args: str) -> subprocess.CompletedProcess[str]:
+    """`helm template` of the chart in gpuadm-system, with only the values given here."""
+    return subprocess.run(
+        [str(tools["helm"]), *HELM_TEMPLATE, "--namespace", NAMESPACE, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def _rendered(tools: dict[str, Path], *args: str) -> tuple[str, Rendered]:
+    result = _template(tools, *args)
+    assert result.returncode == 0, result.stderr
+    objects = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return result.stdout, Rendered("helm", objects)
+
+
+def _config_text(rendered: Rendered) -> tuple[str, str]:
+    """The text of policy.yaml and quotas.yaml in the rendered ConfigMaps, each the one key."""
+    policy = rendered.one("ConfigMap", "gpuadm-policy")["data"]
+    quotas = rendered.one("ConfigMap", "gpuadm-quotas")["data"]
+    assert list(policy) == ["policy.yaml"]
+    assert list(quotas) == ["quotas.yaml"]
+    return policy["policy.yaml"], quotas["quotas.yaml"]
+
+
+def _config(rendered: Rendered) -> tuple[Obj, Obj]:
+    policy, quotas = _config_text(rendered)
+    return yaml.safe_load(policy), yaml.safe_load(quotas)
+
+
+def _check_config(manifest: str) -> subprocess.CompletedProcess[str]:
+    """`helm template ... | gpuadm check-config -`, as docs/configuration.md has admins run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "webhook.cli", "check-config", "-"],
+        input=manifest,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def test_a_config_given_as_keys_is_installed_as_written(
+    tools: dict[str, Path], tmp_path: Path
+) -> None:
+    """Helm merges an admin's keys into the chart's: its defaults hold no class or namespace
+    to merge, so what is installed is the admin's, and the release namespace exempt."""
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"policy": MINE_POLICY, "quotas": MINE_QUOTAS}))
+    manifest, rendered = _rendered(tools, "-f", str(mine))
+    policy, quotas = _config(rendered)
+    assert sorted(policy["classes"]) == ["a100", "l4", "t4"]
+    assert sorted(quotas["namespaces"]) == ["batch", "search", "speech", "vision"]
+    assert policy["classes"]["t4"] == {"backend": "time-slicing", "models": ["Tesla T4"]}
+    exempt = [*MINE_POLICY["exemptNamespaces"], NAMESPACE]
+    assert policy == {**MINE_POLICY, "exemptNamespaces": exempt}
+    assert quotas == MINE_QUOTAS
+    checked = _check_config(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_keys_that_list_no_exempt_namespaces_keep_the_charts(
+    tools: dict[str, Path], tmp_path: Path
+) -> None:
+    """The one key of the chart's own that joins an admin's policy: the GPU stacks' namespaces,
+    when the admin lists none, so that their device plugins are never refused."""
+    classes = {"classes": MINE_POLICY["classes"]}
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({"policy": classes, "quotas": MINE_QUOTAS}))
+    policy, quotas = _config(_rendered(tools, "-f", str(mine))[1])
+    assert set(policy.pop("exemptNamespaces")) == GPU_STACK_NAMESPACES | {NAMESPACE}
+    assert policy == classes
+    assert quotas == MINE_QUOTAS
+
+
+@pytest.mark.parametrize("how", ["values-file", "set-file"])
+def test_a_config_given_as_text_is_installed_as_it_is(
+    tools: dict[str, Path], tmp_path: Path, how: str
+) -> None:
+    """A text is never merged: the ConfigMaps hold it character for character, comments
+    included, so gpuadm's errors point at the admin's own lines."""
+    if how == "values-file":
+
+        def block(text: str) -> str:
+            return "".join(f"  {line}\n" for line in text.splitlines())
+
+        mine = tmp_path / "mine.yaml"
+        mine.write_text(f"policy: |\n{block(MINE_POLICY_TEXT)}quotas: |\n{block(MINE_QUOTAS_TEXT)}")
+        args = ["-f", str(mine)]
+    else:
+        (tmp_path / "policy.yaml").write_text(MINE_POLICY_TEXT)
+        (tmp_path / "quotas.yaml").write_text(MINE_QUOTAS_TEXT)
+        args = [
+            "--set-file",
+            f"policy={tmp_path / 'policy.yaml'}",
+            "--set-file",
+            f"quotas={tmp_path / 'quotas.yaml'}",
+        ]
+    manifest, rendered = _rendered(tools, *args)
+    assert _config_text(rendered) == (MINE_POLICY_TEXT, MINE_QUOTAS_TEXT)
+    policy, quotas = _config(rendered)
+    assert sorted(policy["classes"]) == ["a100", "l4", "t4"]
+    assert sorted(quotas["namespaces"]) == ["batch", "search", "speech", "vision"]
+    assert "nodeSelector" not in policy["classes"]["t4"]
+    checked = _check_config(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_a_policy_text_chooses_what_the_webhooks_skip_and_match(
+    tools: dict[str, Path], tmp_path: Path
+) -> None:
+    text = "domain: gpu.example.org\nexemptNamespaces: [gpu-stack]\nclasses: {}\n"
+    mine = tmp_path / "policy.yaml"
+    mine.write_text(text)
+    rendered = _rendered(tools, "--set-file", f"policy={mine}")[1]
+    assert _config_text(rendered)[0] == text
+    for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"):
+        for webhook in rendered.one(kind)["webhooks"]:
+            assert _excluded_namespaces(webhook) == {"kube-system", "gpu-stack", NAMESPACE}
+    (mutating,) = rendered.one("MutatingWebhookConfiguration")["webhooks"]
+    (asks,) = [c for c in mutating["matchConditions"] if "startsWith" in c["expression"]]
+    assert "k.startsWith('gpu.example.org/')" in asks["expression"]
+
+
+@pytest.mark.parametrize(
+    ("values", "why"),
+    [
+        pytest.param(
+            {"policy": ""},
+            "policy is an empty text: give policy.yaml as its keys or as its text "
+            "(`classes: {}` for no classes)",
+            id="empty-policy",
+        ),
+        pytest.param(
+            {"quotas": " \n"},
+            "quotas is an empty text: give quotas.yaml as its keys or as its text "
+            "(`namespaces: {}` for no quotas at all)",
+            id="blank-quotas",
+        ),
+        pytest.param(
+            {"quotas": None},
+            "quotas is null, neither keys nor a text: give quotas.yaml as its keys or as its "
+            "text (`namespaces: {}` for no quotas at all)",
+            id="quotas-null",
+        ),
+        pytest.param(
+            {"policy": "- a100\n- t4\n"},
+            "policy: the text is not a YAML mapping of policy.yaml's keys",
+            id="policy-not-a-mapping",
+        ),
+        pytest.param(
+            {"policy": "classes: {}\nexemptNamespaces: gpu-stack\n"},
+            "policy.exemptNamespaces: gpu-stack is not a list of namespaces",
+            id="exempt-namespaces-not-a-list",
+        ),
+    ],
+)
+def test_a_text_the_chart_cannot_read_is_refused(
+    tools: dict[str, Path], tmp_path: Path, values: Obj, why: str
+) -> None:
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump(values))
+    result = _template(tools, "-f", str(mine))
+    assert result.returncode != 0
+    assert why in result.stderr
+
+
+def test_by_default_the_chart_installs_a_config_that_rewrites_and_charges_nothing(
+    tools: dict[str, Path],
+) -> None:
+    """No example, and no defaultClass: GPU pods go on as written until the admin names the
+    classes, and none is charged."""
+    manifest, rendered = _rendered(tools)
+    policy, quotas = _config(rendered)
+    assert policy.pop("classes") == {}
+    assert set(policy.pop("exemptNamespaces")) == GPU_STACK_NAMESPACES | {NAMESPACE}
+    assert policy == {}
+    assert quotas == {"namespaces": {}}
+    checked = _check_config(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    inert = load_policy(_config_text(rendered)[0])
+    result = plan(pod({"nvidia.com/gpu": "1"}), inert)
+    assert result.patch == []
+    assert result.charge == 0
+    assert result.demand is None
+
+
+def test_the_example_config_comes_from_its_values_file_alone(tools: dict[str, Path]) -> None:
+    """examples/values-example.yaml, given with -f, installs the example of examples/policy.yaml
+    and quotas.yaml (which deploy/base installs), and check-config accepts it; without it, the
+    chart installs none of its classes or namespaces."""
+    example_policy = yaml.safe_load((EXAMPLES / "policy.yaml").read_text())
+    example_quotas = yaml.safe_load((EXAMPLES / "quotas.yaml").read_text())
+    manifest, rendered = _rendered(tools, "-f", str(EXAMPLE_VALUES))
+    assert _config(rendered) == (example_policy, example_quotas)
+    checked = _check_config(manifest)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "ok: 1 policy and 1 quota config(s) are valid" in checked.stdout
+    policy, quotas = _config(_rendered(tools)[1])
+    assert not policy["classes"].keys() & example_policy["classes"].keys()
+    assert not quotas["namespaces"].keys() & example_quotas["namespaces"].keys()

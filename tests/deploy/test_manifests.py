@@ -50,14 +50,18 @@ CERT_MANAGER_GROUP = "cert-manager.io"
 Obj = dict[str, Any]
 
 HELM_TEMPLATE = ("template", "gpuadm", "deploy/helm/gpuadm", "--include-crds")
+# The example policy and quotas, which deploy/base installs too; the chart's defaults hold none
+# (test_chart.py renders it without them).
+EXAMPLE_VALUES = ("-f", "examples/values-example.yaml")
 RENDERS: dict[str, tuple[str, ...]] = {
     "kustomize-base": ("kustomize", "build", "deploy/base"),
     "kustomize-cert-manager": ("kustomize", "build", "deploy/cert-manager"),
     "kustomize-mounted-secret": ("kustomize", "build", "deploy/mounted-secret"),
-    "helm": ("helm", *HELM_TEMPLATE, "--namespace", NAMESPACE),
+    "helm": ("helm", *HELM_TEMPLATE, *EXAMPLE_VALUES, "--namespace", NAMESPACE),
     "helm-cert-manager": (
         "helm",
         *HELM_TEMPLATE,
+        *EXAMPLE_VALUES,
         "--namespace",
         NAMESPACE,
         "--set",
@@ -66,6 +70,7 @@ RENDERS: dict[str, tuple[str, ...]] = {
     "helm-mounted-secret": (
         "helm",
         *HELM_TEMPLATE,
+        *EXAMPLE_VALUES,
         "--namespace",
         NAMESPACE,
         "--set",
@@ -75,6 +80,7 @@ RENDERS: dict[str, tuple[str, ...]] = {
     "helm-client-auth": (
         "helm",
         *HELM_TEMPLATE,
+        *EXAMPLE_VALUES,
         "--namespace",
         NAMESPACE,
         "--set",
@@ -103,6 +109,8 @@ GPU_STACK_NAMESPACES = {
     "nvidia-dra-driver-gpu",
     "hami-system",
     "volcano-system",
+    "kai-scheduler",
+    "kai-resource-reservation",
 }
 
 GPU_RESOURCE_NAMES = [

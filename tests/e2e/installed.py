@@ -36,6 +36,8 @@ from tests.e2e.kubelet import (
 from tests.support import ROOT
 
 CHART = ROOT / "deploy" / "helm" / "gpuadm"
+# The example policy and quotas, under each test's values: the chart's defaults hold no class.
+EXAMPLE_VALUES = ROOT / "examples" / "values-example.yaml"
 IMAGE_SCRIPT = ROOT / "image" / "build.sh"
 RELEASE = "gpuadm"
 NAMESPACE = "gpuadm-system"
@@ -150,7 +152,8 @@ class Installation:
         return result.stdout
 
     def values(self, image: Image, quotas: dict[str, Any], **more: Any) -> dict[str, Any]:
-        """The values a test installs with: this image, on the real node, these quotas."""
+        """The values a test installs with: this image, on the real node, these quotas. They
+        go over examples/values-example.yaml, whose policy and quotas Helm merges them into."""
         return {
             "image": {"repository": image.repository, "tag": image.tag, "pullPolicy": "Never"},
             "nodeSelector": {NODE_LABEL: "true"},
@@ -175,6 +178,8 @@ class Installation:
             "--namespace",
             NAMESPACE,
             *(["--create-namespace"] if verb == "install" else []),
+            "--values",
+            str(EXAMPLE_VALUES),
             "--values",
             str(path),
             "--wait",

@@ -28,6 +28,17 @@ def test_spec_example_policy_loads(policy: Policy) -> None:
     assert mig.profile_share("1g.10gb") == Fraction(1, 7)
 
 
+def test_a_policy_may_have_no_classes() -> None:
+    """`classes: {}` is said on purpose (the Helm chart's default): nothing to rewrite or
+    charge. Leaving `classes` out is still an error, as an emptied file is."""
+    assert load_policy("classes: {}\n").classes == {}
+    assert any("classes" in problem for problem in problems_of(load_policy, "domain: a.io\n"))
+    assert any(
+        "defaultClass 't4' is not a class (classes: none)" in problem
+        for problem in problems_of(load_policy, "defaultClass: t4\nclasses: {}\n")
+    )
+
+
 def test_the_bundled_example_is_valid() -> None:
     from pathlib import Path
 
@@ -76,7 +87,6 @@ def test_the_bundled_example_is_valid() -> None:
             "must not end in '-memory'",
             id="class-name-clashes-with-memory-key",
         ),
-        pytest.param("classes: {}\n", "define at least one GPU class", id="no-classes"),
         pytest.param(
             "domain: Not_A_Domain\nclasses:\n  a:\n    backend: nvidia\n",
             "policy.yaml:1: domain: 'Not_A_Domain' is not a DNS subdomain",

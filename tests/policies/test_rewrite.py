@@ -592,6 +592,35 @@ def test_untyped_pod_without_any_class_is_denied() -> None:
         plan(pod({"nvidia.com/gpu": "1"}), no_default)
 
 
+NO_CLASSES = "exemptNamespaces: [kube-system]\nclasses: {}\n"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(pod({"nvidia.com/gpu": "1"}), id="a-whole-gpu"),
+        pytest.param(pod({"nvidia.com/gpumem": "4096"}), id="a-stacks-own-share"),
+        pytest.param(pod({}, annotations={"gpu-fraction": "0.5"}), id="a-share-by-annotation"),
+    ],
+)
+def test_a_policy_without_classes_leaves_gpu_stacks_requests_alone(body: dict[str, Any]) -> None:
+    """The Helm chart's default policy: nothing is rewritten and nothing is charged."""
+    from policies import load_policy
+
+    result = plan(body, load_policy(NO_CLASSES))
+    assert result.patch == []
+    assert result.class_name is None
+    assert result.charge == 0
+    assert result.demand is None
+
+
+def test_a_policy_without_classes_still_refuses_a_class_key() -> None:
+    from policies import load_policy
+
+    with pytest.raises(Denial, match=r"gpuadm\.io/a100 names no GPU class \(classes: none\)"):
+        plan(pod({"gpuadm.io/a100": "1"}), load_policy(NO_CLASSES))
+
+
 def test_mig_whole_gpus_with_a_whole_profile() -> None:
     from policies import load_policy
 

@@ -320,11 +320,17 @@ def _config_map(source: str, text: str, node: yaml.Node, found: Findings) -> Non
 
 
 def _values(source: str, text: str, keys: dict[str, yaml.Node], found: Findings) -> None:
-    """Check the `policy` and `quotas` of a Helm values file, at their lines in it."""
+    """Check the `policy` and `quotas` of a Helm values file, at their lines in it: each
+    given as its keys, or as its text (`policy: |`), which the chart installs as it is."""
     kinds: tuple[Kind, ...] = ("policy", "quotas")
     for kind in kinds:
         node = keys.get(kind)
         if node is None or _null(node):
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            block = node.style in ("|", ">")
+            first = node.start_mark.line + (2 if block else 1)
+            found.parts.append(Part(kind, source, node.value, first))
             continue
         first = node.start_mark.line + 1
         found.parts.append(Part(kind, source, _block(text, node), first))
@@ -361,9 +367,12 @@ def _scalar_keys(node: yaml.Node | None) -> dict[str, yaml.Node]:
 
 
 def _looks_like_values(keys: dict[str, yaml.Node]) -> bool:
-    return any(isinstance(keys.get(k), yaml.MappingNode) for k in ("policy", "quotas")) and not (
-        keys.keys() & (_keys("policy") | _keys("quotas"))
-    )
+    given = [keys.get(k) for k in ("policy", "quotas")]
+    return any(
+        isinstance(node, yaml.MappingNode)
+        or (isinstance(node, yaml.ScalarNode) and not _null(node))
+        for node in given
+    ) and not (keys.keys() & (_keys("policy") | _keys("quotas")))
 
 
 def _guess(keys: dict[str, yaml.Node]) -> Kind:

@@ -310,12 +310,22 @@ def test_cross_file_errors_point_at_the_quota_line(
     ) in out
 
 
+@pytest.mark.parametrize(
+    "values",
+    [
+        pytest.param(ROOT / "deploy" / "helm" / "gpuadm" / "values.yaml", id="the-charts-own"),
+        pytest.param(ROOT / "examples" / "values-example.yaml", id="the-example"),
+    ],
+)
+def test_shipped_helm_values_are_valid(values: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check-config", str(values)]) == 0
+    assert "ok: 1 policy and 1 quota config(s) are valid" in capsys.readouterr().out
+
+
 def test_helm_values_are_checked_at_their_lines(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    shipped = (ROOT / "deploy" / "helm" / "gpuadm" / "values.yaml").read_text()
-    assert main(["check-config", str(ROOT / "deploy" / "helm" / "gpuadm" / "values.yaml")]) == 0
-    assert "ok: 1 policy and 1 quota config(s) are valid" in capsys.readouterr().out
+    shipped = (ROOT / "examples" / "values-example.yaml").read_text()
     broken = shipped.replace("      memory: 16Gi\n", "      memroy: 16Gi\n", 1)
     line = broken.splitlines().index("      memroy: 16Gi") + 1
     values = tmp_path / "values.yaml"
@@ -325,6 +335,26 @@ def test_helm_values_are_checked_at_their_lines(
         f"{values}:{line}: classes.t4.memroy: `memroy` is not a key of a gpu-manager class; "
         "did you mean `memory`?"
     ) in capsys.readouterr().out
+
+
+def test_helm_values_given_as_text_are_checked_at_their_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`policy: |` and `quotas: |`, which the chart installs as they are."""
+    policy = "".join(f"  {line}\n" for line in POLICY.read_text().splitlines())
+    broken = policy.replace("      memory: 16Gi\n", "      memroy: 16Gi\n", 1)
+    text = f"replicas: 2\npolicy: |\n{broken}quotas: |\n  namespaces:\n    team-a: {{t4: 1}}\n"
+    values = tmp_path / "mine.yaml"
+    values.write_text(text)
+    assert main(["check-config", str(values)]) == 1
+    line = text.splitlines().index("      memroy: 16Gi") + 1
+    assert (
+        f"{values}:{line}: classes.t4.memroy: `memroy` is not a key of a gpu-manager class; "
+        "did you mean `memory`?"
+    ) in capsys.readouterr().out
+    values.write_text(text.replace("memroy", "memory"))
+    assert main(["check-config", str(values)]) == 0
+    assert "ok: 1 policy and 1 quota config(s) are valid" in capsys.readouterr().out
 
 
 def test_a_rendered_chart_on_stdin_is_checked(tmp_path: Path) -> None:

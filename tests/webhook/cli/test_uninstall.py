@@ -275,7 +275,7 @@ async def test_the_gate_is_the_policys_domain() -> None:
         pytest.param(None, f"no ConfigMap {NAMESPACE}/gpuadm-policy", id="no-configmap"),
         pytest.param("", f"ConfigMap {NAMESPACE}/gpuadm-policy has no policy.yaml", id="empty"),
         pytest.param(
-            "domain: gpus.example.com\nclasses: {}\n",
+            "domain: gpus.example.com\n",
             f"the policy in ConfigMap {NAMESPACE}/gpuadm-policy is invalid (",
             id="invalid",
         ),

@@ -90,16 +90,51 @@ cert-manager's CA injector writes the caBundle and a value of the chart's would 
 {{- if not (include "gpuadm.mountedSecret" .) }}true{{ end }}
 {{- end }}
 
+{{/*
+The data of a ConfigMap whose config the values give as text: the one key gpuadm reads
+(policy.yaml, quotas.yaml), holding the text as it is. Helm never merges a text, so it is
+exactly what the admin wrote. Called with (list "policy" TEXT) or (list "quotas" TEXT).
+*/}}
+{{- define "gpuadm.configText" -}}
+{{- $name := index . 0 -}}
+{{- $text := index . 1 -}}
+{{- $none := ternary "`classes: {}` for no classes" "`namespaces: {}` for no quotas at all" (eq $name "policy") }}
+{{- $given := ternary "an empty text" (printf "%s, neither keys nor a text" (toJson $text)) (kindIs "string" $text) }}
+{{- if or (not (kindIs "string" $text)) (not (trim (toString $text))) }}
+{{- fail (printf "%s is %s: give %s.yaml as its keys or as its text (%s)" $name $given $name $none) }}
+{{- end }}
+{{- toYaml (dict (printf "%s.yaml" $name) $text) }}
+{{- end }}
+
+{{/*
+The policy as JSON, from its keys or its text, for what the chart reads of it: the domain and
+exemptNamespaces. gpuadm checks the rest.
+*/}}
+{{- define "gpuadm.policy" -}}
+{{- $policy := .Values.policy -}}
+{{- if kindIs "string" $policy }}
+{{- $policy = fromYaml $policy }}
+{{- if hasKey $policy "Error" }}
+{{- fail (printf "policy: the text is not a YAML mapping of policy.yaml's keys: %s" $policy.Error) }}
+{{- end }}
+{{- end }}
+{{- toJson $policy -}}
+{{- end }}
+
 {{/* The prefix of gpuadm's own keys: policy.domain, as gpuadm reads it. */}}
 {{- define "gpuadm.domain" -}}
-{{- .Values.policy.domain | default "gpuadm.io" -}}
+{{- (include "gpuadm.policy" . | fromJson).domain | default "gpuadm.io" -}}
 {{- end }}
 
 {{/*
 The policy's exemptNamespaces, with the release namespace: what gpuadm leaves alone.
 */}}
 {{- define "gpuadm.exemptNamespaces" -}}
-{{- concat (.Values.policy.exemptNamespaces | default list) (list .Release.Namespace) | uniq | toJson -}}
+{{- $exempt := (include "gpuadm.policy" . | fromJson).exemptNamespaces | default list -}}
+{{- if not (kindIs "slice" $exempt) }}
+{{- fail (printf "policy.exemptNamespaces: %v is not a list of namespaces" $exempt) }}
+{{- end }}
+{{- concat $exempt (list .Release.Namespace) | uniq | toJson -}}
 {{- end }}
 
 {{/*
