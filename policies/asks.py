@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies.dra_templates import Held
-from policies.quantity import format_amount, format_bytes
+from policies.quantity import format_amount, format_memory
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,7 +18,7 @@ class Whole:
 
     def describe(self) -> str:
         """Say what was asked, as the user would write it."""
-        cap = f" capped at {format_bytes(self.memory_cap)} each" if self.memory_cap else ""
+        cap = f" capped at {format_memory(self.memory_cap)} each" if self.memory_cap else ""
         return f"{self.count} GPU{'s' if self.count != 1 else ''}{cap}"
 
 
@@ -41,7 +41,7 @@ class MemoryShare:
 
     def describe(self) -> str:
         """Say what was asked, as the user would write it."""
-        return f"{format_bytes(self.memory)} of GPU memory"
+        return f"{format_memory(self.memory)} of GPU memory"
 
 
 Ask = Whole | Share | MemoryShare

@@ -28,7 +28,13 @@ from policies.dra_templates import ClaimTemplate, Held
 from policies.errors import Denial
 from policies.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
 from policies.pod_view import ContainerView, PodView
-from policies.quantity import QuantityError, format_amount, format_bytes, parse_quantity
+from policies.quantity import (
+    QuantityError,
+    format_amount,
+    format_bytes,
+    format_memory,
+    parse_quantity,
+)
 
 
 def _bytes(value: object) -> Fraction:
@@ -287,8 +293,18 @@ class ClassBase(Model):
         backend can give to; raise `Denial`."""
 
     def grant(self, ask: Ask) -> Grant:
-        """Turn an ask into this backend's resources, rounding only ever up."""
+        """Turn an ask into this backend's resources.
+
+        A share is rounded down to the units the stack counts (never to nothing), so that N
+        shares of 1/N fit one GPU as the stack's scheduler fits them; its charge is what the
+        stack grants, so a limit of one GPU admits exactly the shares that fit on one.
+        """
         raise NotImplementedError
+
+    def memory_unit_of(self, name: str) -> str | None:
+        """Return the unit in which the stack counts GPU memory in resource (or request
+        annotation) `name`, as messages name it (`MiB`), or None where `name` is no memory."""
+        return None
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
         """Return how many GPUs of the class the given raw resources of one container hold."""
@@ -342,27 +358,41 @@ class ClassBase(Model):
         memory = self._memory()
         if ask.memory > memory:
             raise Denial(
-                f"asks for {format_bytes(ask.memory)} of GPU memory but one GPU of the class "
-                f"has {format_bytes(memory)}"
+                f"asks for {format_memory(ask.memory)} of GPU memory but one GPU of the class "
+                f"has {format_memory(memory)}"
             )
         return ask.memory / memory
 
 
-def describe_resources(resources: Mapping[str, int]) -> str:
-    """Write resources as `name: value` pairs for a message."""
-    return ", ".join(f"{name}: {value}" for name, value in sorted(resources.items()))
+def describe_resources(cls: ClassBase, resources: Mapping[str, int]) -> str:
+    """Write resources as `name: value` pairs for a message, memory with its unit."""
+    return ", ".join(_described(cls, name, value) for name, value in sorted(resources.items()))
+
+
+def _described(cls: ClassBase, name: str, value: object) -> str:
+    unit = cls.memory_unit_of(name)
+    return f"{name}: {value} {unit}" if unit else f"{name}: {value}"
 
 
 def rounding_warning(cls: ClassBase, class_name: str, ask: Ask, grant: Grant) -> str | None:
-    """Return a warning when the grant is larger than the ask, else None."""
+    """Return a warning when a share's grant is more or less than the ask, else None."""
     asked = cls.share_of(ask)
-    if grant.charge <= asked:
+    if grant.charge == asked or (isinstance(ask, Whole) and grant.charge < asked):
         return None
-    granted = [describe_resources(grant.resources)] if grant.resources else []
-    granted += [f"annotation {key}: {value}" for key, value in grant.annotations.items()]
+    granted = [describe_resources(cls, grant.resources)] if grant.resources else []
+    granted += [
+        f"annotation {_described(cls, key, value)}" for key, value in grant.annotations.items()
+    ]
     if grant.claim is not None:
         granted.append(cls.describe_claim(grant.claim))
+    charged = format_amount(grant.charge)
+    if grant.charge > asked:
+        return (
+            f"{ask.describe()} of {class_name} rounded up to {charged} GPU "
+            f"({', '.join(granted)}); quota is charged {charged}"
+        )
     return (
-        f"{ask.describe()} of {class_name} rounded up to {format_amount(grant.charge)} GPU "
-        f"({', '.join(granted)}); quota is charged {format_amount(grant.charge)}"
+        f"{ask.describe()} of {class_name} rounded down to {charged} GPU "
+        f"({', '.join(granted)}), so that shares adding up to one GPU fit on one; quota is "
+        f"charged {charged}"
     )

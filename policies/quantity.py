@@ -131,6 +131,31 @@ def format_bytes(amount: Fraction) -> str:
     return format_amount(amount)
 
 
+def format_memory(amount: Fraction) -> str:
+    """Write an amount of memory for a message, always with a unit: the shortest of its
+    whole forms (``10Gi``, ``16G``), else in a binary unit with at most two decimals
+    (``79.99Gi``), else in bytes (``1000.5 bytes``)."""
+    units = [*((suffix, Fraction(unit)) for suffix, unit in _BINARY.items()), *_DECIMAL.items()]
+    whole = [
+        f"{(amount / unit).numerator}{suffix}"
+        for suffix, unit in units
+        if unit > 1 and amount >= unit and (amount / unit).denominator == 1
+    ]
+    if whole:
+        return min(whole, key=len)
+    for suffix, unit in reversed(_BINARY.items()):
+        if amount >= unit and (amount * 100 / unit).denominator == 1:
+            return f"{format_amount(amount / unit)}{suffix}"
+    return f"{format_amount(amount)} bytes"
+
+
+def memory_unit_name(unit: Fraction) -> str:
+    """Name the unit a stack counts GPU memory in, for a message: ``MiB``, ``GiB``, ``GB``,
+    else ``units of 256Mi``."""
+    names = {Fraction(MiB): "MiB", Fraction(2**30): "GiB", Fraction(10**9): "GB"}
+    return names.get(unit) or f"units of {format_memory(unit)}"
+
+
 def canonical_quantity(amount: Fraction) -> str:
     """Write a positive whole amount as the apiserver stores it: with the largest binary
     suffix that keeps it whole when it is a multiple of 1024 (``40Gi``), else with the
@@ -151,3 +176,13 @@ def ceil_div(amount: Fraction, unit: Fraction | int) -> int:
     """Return how many whole units cover `amount`: rounding only ever up."""
     quotient = amount / unit
     return -((-quotient.numerator) // quotient.denominator)
+
+
+def floor_div(amount: Fraction, unit: Fraction | int) -> int:
+    """Return how many whole units fit in `amount`: rounding only ever down.
+
+    A share of a GPU is written so: N shares of 1/N, each rounded down to the units a stack
+    counts, add up to at most one GPU's worth, so they fit on one GPU as the stack fits them.
+    """
+    quotient = amount / unit
+    return quotient.numerator // quotient.denominator

@@ -365,7 +365,7 @@ def _metadata_ops(
 
     `requests` are the annotations with which the class's stack reads the pod's share (KAI's
     `gpu-fraction`); one the pod carries that the plan does not write goes, since the stack
-    would read it as a second request (a share rounded up to a whole GPU).
+    would read it as a second request (a share that became a whole GPU).
     """
     gpu_class = demand.gpu_class
     annotations = {

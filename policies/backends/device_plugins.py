@@ -29,7 +29,14 @@ from policies.models import (
     gputype_annotations,
     unexcluded,
 )
-from policies.quantity import MiB, ceil_div, format_amount, format_bytes
+from policies.quantity import (
+    MiB,
+    ceil_div,
+    floor_div,
+    format_amount,
+    format_bytes,
+    format_memory,
+)
 
 
 def _count(resources: Mapping[str, Fraction], name: str, default: Fraction) -> Fraction:
@@ -189,19 +196,23 @@ class VirtualGpuClass(ClassBase):
             if ask.memory_cap is not None:
                 if self.memory is not None and ask.memory_cap > self.memory:
                     raise Denial(
-                        f"caps GPU memory at {format_bytes(ask.memory_cap)}, more than the "
-                        f"{format_bytes(self.memory)} of one GPU of the class"
+                        f"caps GPU memory at {format_memory(ask.memory_cap)}, more than the "
+                        f"{format_memory(self.memory)} of one GPU of the class"
                     )
                 resources[names.memory] = ceil_div(ask.memory_cap, MiB)
             return Grant(resources, Fraction(ask.count))
         fraction = self._share_fraction(ask)
         memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
+        # Both stacks fit cores of 100 and MiB exactly: rounded down, N shares of 1/N fit.
         resources = {
             names.count: 1,
-            names.cores: ceil_div(fraction * 100, 1),
-            names.memory: ceil_div(memory_bytes, MiB),
+            names.cores: max(1, floor_div(fraction * 100, 1)),
+            names.memory: max(1, floor_div(memory_bytes, MiB)),
         }
         return Grant(resources, self.charge({k: Fraction(v) for k, v in resources.items()}))
+
+    def memory_unit_of(self, name: str) -> str | None:
+        return "MiB" if name == self.resources.memory else None
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
         names = self.resources
@@ -275,14 +286,21 @@ class GpuManagerClass(ClassBase):
                 )
             return Grant({names.cores: 100 * ask.count}, Fraction(ask.count), warnings)
         fraction = self._share_fraction(ask)
-        cores = ceil_div(fraction * 100, 1)
+        # Its extender fits cores of 100 and blocks exactly: rounded down, N shares of 1/N fit.
+        cores = max(1, floor_div(fraction * 100, 1))
         if cores >= 100:
-            # gpu-manager takes 1-99 cores for a share; 100 is the whole card.
+            # gpu-manager takes 1-99 cores for a share; 100 is the whole card (only all of
+            # the GPU's memory asks for it).
             return Grant({names.cores: 100}, Fraction(1))
         memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
-        blocks = ceil_div(memory_bytes, self.memory_block)
+        blocks = max(1, floor_div(memory_bytes, self.memory_block))
         resources = {names.cores: cores, names.memory: blocks}
         return Grant(resources, self.charge({k: Fraction(v) for k, v in resources.items()}))
+
+    def memory_unit_of(self, name: str) -> str | None:
+        if name != self.resources.memory:
+            return None
+        return f"blocks of {format_memory(self.memory_block)}"
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
         names = self.resources
@@ -305,6 +323,11 @@ class GpushareClass(ClassBase):
     def _memory_always(self) -> GpushareClass:
         if self.memory is None:
             raise ValueError("backend gpushare needs `memory` (the memory of one GPU, e.g. 16Gi)")
+        if self.memory < self._unit():
+            raise ValueError(
+                f"memory {format_memory(self.memory)} is less than one {self.memory_unit}, the "
+                "unit gpushare counts GPU memory in; give the memory of one GPU, e.g. 16Gi"
+            )
         return self
 
     def resource_names(self) -> frozenset[str]:
@@ -323,21 +346,28 @@ class GpushareClass(ClassBase):
     def _unit(self) -> int:
         return 2**30 if self.memory_unit == "GiB" else MiB
 
+    def _units_per_gpu(self) -> int:
+        """Return the units one GPU holds as gpushare counts it: whole units only."""
+        return floor_div(self._memory(), self._unit())
+
     def grant(self, ask: Ask) -> Grant:
         if isinstance(ask, Whole):
             if ask.count != 1:
                 raise Denial(
                     f"asks for {ask.describe()}, but gpushare gives a container at most one GPU"
                 )
-            units = ceil_div(self._memory(), self._unit())
-            return Grant({self.resource: units}, Fraction(1))
+            return Grant({self.resource: self._units_per_gpu()}, Fraction(1))
         fraction = self._share_fraction(ask)
         memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
-        units = ceil_div(memory_bytes, self._unit())
+        # Its extender fits whole units exactly: rounded down, N shares of 1/N fit.
+        units = max(1, floor_div(memory_bytes, self._unit()))
         return Grant({self.resource: units}, self.charge({self.resource: Fraction(units)}))
 
     def charge(self, resources: Mapping[str, Fraction]) -> Fraction:
-        return resources.get(self.resource, Fraction(0)) * self._unit() / self._memory()
+        return resources.get(self.resource, Fraction(0)) / self._units_per_gpu()
+
+    def memory_unit_of(self, name: str) -> str | None:
+        return self.memory_unit if name == self.resource else None
 
 
 _MIG_PROFILE = re.compile(r"^(?P<slices>[0-9]+)g\.")

@@ -9,11 +9,11 @@ consumable capacity, KEP-5075: alpha `DRAConsumableCapacity` in 1.34). A driver 
 device that several claims may hold (`allowMultipleAllocations`) with capacities such as
 `memory`; a claim asks for an amount of each (`capacity.requests`), and the scheduler places
 claims on one device while their amounts fit. gpuadm sizes a share in hundredths of a device,
-asks that part of every capacity the class lists, rounded down to the capacity's step (so
-that N shares of 1/N fit on one device) but never below one step, and charges the share or the
-largest part it asked of any capacity, whichever is more: quota never holds less than the
-claim does. Whole devices of a sharing class ask all of every capacity, so no share sits
-beside them.
+rounded down, asks that part of every capacity the class lists, rounded down to the
+capacity's step (so that N shares of 1/N fit on one device) but never below one step, and
+charges the share's hundredths or the largest part it asked of any capacity, whichever is
+more: quota never holds less than the claim does. Whole devices of a sharing class ask all
+of every capacity, so no share sits beside them.
 
 What the drivers do, from their own code (docs/backends.md names each file):
 
@@ -53,7 +53,7 @@ from policies.quantity import (
     MiB,
     QuantityError,
     canonical_quantity,
-    ceil_div,
+    floor_div,
     format_bytes,
     parse_quantity,
 )
@@ -294,12 +294,8 @@ class DraClass(ClassBase):
                 "`sharing`, and a DRA driver shares a device between pods only by consumable "
                 "capacity; ask for 1 or more"
             )
-        portion = ceil_div(self._share_fraction(ask) * PORTIONS, 1)
-        if isinstance(ask, MemoryShare):
-            # Rounded down to its step, the memory of a share may fall short of an ask that
-            # is not a whole number of steps: such an ask takes one hundredth more.
-            while portion < PORTIONS and self.sharing.requests(portion)["memory"] < ask.memory:
-                portion += 1
+        # Rounded down (never to nothing): N shares of 1/N ask at most all of each capacity.
+        portion = max(1, floor_div(self._share_fraction(ask) * PORTIONS, 1))
         if portion >= PORTIONS:
             return self.grant(Whole(1))
         return Grant({}, self.sharing.charge(portion), claim=Held.share(portion))

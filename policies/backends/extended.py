@@ -33,7 +33,7 @@ from policies.asks import Ask, Grant, MemoryShare, Whole
 from policies.class_base import Bytes, ClassBase, Model
 from policies.errors import Denial
 from policies.models import ClassModel
-from policies.quantity import ceil_div, format_bytes
+from policies.quantity import floor_div, format_bytes, memory_unit_name
 
 Dimension = Literal["count", "compute", "memory"]
 ShareDimension = Literal["compute", "memory"]
@@ -117,8 +117,9 @@ class ExtendedBase(ClassBase):
     """A stack declared by its dimensions: count, compute and memory, each optional.
 
     A whole GPU is worth 1 in count, `computePerGpu` in compute, and the class's `memory` in
-    memory. Shares round up to the dimension's step, never below its minimum, and never
-    past one GPU's worth: a share that reaches a whole GPU in any dimension is a whole GPU.
+    memory. Shares round down to the dimension's step, so that N shares of 1/N fit one GPU
+    when the stack fits each dimension exactly, but never below its minimum, and never past
+    one GPU's worth: a share that reaches a whole GPU in any dimension is a whole GPU.
     """
 
     # Checked here instead: only a stack with a memory dimension needs the GPU's memory.
@@ -253,7 +254,8 @@ class ExtendedBase(ClassBase):
                 resources[name] = self._memory_units(wanted)
         charge = self.charge({name: Fraction(value) for name, value in resources.items()})
         if charge >= 1 and self.whole_dimensions:
-            # Rounded up to all of a GPU in some dimension: the stack's own form says so.
+            # All of a GPU in some dimension (a minimum, or all of its memory asked): the
+            # stack's own form says so.
             return self._whole(Whole(1))
         return Grant(resources, charge)
 
@@ -296,16 +298,20 @@ class ExtendedBase(ClassBase):
     def _compute_units(self, fraction: Fraction) -> int:
         step = self.compute_step
         least = self.compute_min or step
-        return min(
-            self.compute_per_gpu, max(least, ceil_div(fraction * self.compute_per_gpu, step) * step)
-        )
+        steps = floor_div(fraction * self.compute_per_gpu, step)
+        return min(self.compute_per_gpu, max(least, steps * step))
 
     def _memory_units(self, amount: Fraction) -> int:
         assert self.memory_unit is not None, "only a class with a memory dimension asks"
         step = self.memory_step
         least = self.memory_min or step
-        units = max(least, ceil_div(amount, self.memory_unit * step) * step)
+        units = max(least, floor_div(amount, self.memory_unit * step) * step)
         return min(self.memory_per_gpu, units)
+
+    def memory_unit_of(self, name: str) -> str | None:
+        if self.memory_unit is None or name != self.resources.memory:
+            return None
+        return memory_unit_name(self.memory_unit)
 
     def _per_gpu(self, dimension: Dimension) -> int:
         if dimension == "count":

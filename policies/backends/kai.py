@@ -7,12 +7,16 @@ docs/backends.md names each file):
 - `gpu-fraction`: a share of one GPU, a decimal strictly between 0 and 1 that both Go's
   `strconv.ParseFloat` and Kubernetes' quantity parser accept (`0.5`; `500m` is refused).
   KAI counts a portion in hundredths (`gpuPortionsAsDecimalsRoundingFactor`, rounding to the
-  nearest), so gpuadm writes a share rounded up to a hundredth, and charges what it wrote.
+  nearest), and fits `int64(portion * the GPU's memory)` MiB of it. So gpuadm writes a share
+  rounded down to a hundredth, which KAI keeps as it is: N shares of 1/N then add up to at
+  most one GPU, in hundredths and in MiB. It charges what it wrote.
 - `gpu-memory`: an amount of GPU memory in MiB, a positive integer. KAI takes a GPU's memory
   from the node's `nvidia.com/gpu.memory` label, in MiB rounded down to a multiple of 100, and
   counts such a pod as that memory's portion of the GPU rounded up to a hundredth
-  (`getGpuMemoryFractionalOnNode`): gpuadm charges the same, with the class's `memory` in
-  place of the label.
+  (`getGpuMemoryFractionalOnNode`). So gpuadm writes a whole number of hundredths of that
+  memory (the class's `memory` in place of the label), rounded down, which KAI counts as
+  exactly those hundredths, and charges them. A `gpu-memory` a pod brings is read as the
+  hundredths KAI counts it as.
 - `gpu-fraction-container-name`: the container the share is for; without it, the first app
   container. KAI refuses a pod that asks for a share and for `nvidia.com/gpu` in any container.
 - `gpu-fraction-num-devices`: the same share of several GPUs. gpuadm asks have no such form, so
@@ -49,8 +53,10 @@ from policies.quantity import (
     MiB,
     QuantityError,
     ceil_div,
+    floor_div,
     format_amount,
     format_bytes,
+    format_memory,
     parse_quantity,
 )
 
@@ -189,28 +195,56 @@ class KaiClass(ClassBase):
                 warnings = ("KAI gives a whole GPU all of its memory: the memory cap is ignored",)
             return Grant({self.resource: ask.count}, Fraction(ask.count), warnings)
         if isinstance(ask, Share):
-            portion = Fraction(ceil_div(ask.fraction * PORTION_STEP, 1), PORTION_STEP)
+            hundredths = max(1, floor_div(ask.fraction * PORTION_STEP, 1))
+            portion = Fraction(hundredths, PORTION_STEP)
             if portion >= 1:
                 return self._whole_gpu()
             return Grant({}, portion, annotations={GPU_FRACTION: format_amount(portion)})
         memory = self._memory()
         if ask.memory > memory:
             raise Denial(
-                f"asks for {format_bytes(ask.memory)} of GPU memory but one GPU of the class "
-                f"has {format_bytes(memory)}"
+                f"asks for {format_memory(ask.memory)} of GPU memory but one GPU of the class "
+                f"has {format_memory(memory)}"
             )
-        mib = ceil_div(ask.memory, MiB)
-        portion = Fraction(
-            ceil_div(Fraction(mib * PORTION_STEP, self._device_mib()), 1), PORTION_STEP
-        )
-        if portion >= 1:
+        device_mib = self._device_mib()
+        hundredths = max(1, floor_div(ask.memory * PORTION_STEP, device_mib * MiB))
+        if hundredths >= PORTION_STEP:
             return self._whole_gpu()
-        return Grant({}, portion, annotations={GPU_MEMORY: str(mib)})
+        return Grant(
+            {},
+            Fraction(hundredths, PORTION_STEP),
+            annotations={GPU_MEMORY: str(self._hundredths_mib(hundredths))},
+        )
+
+    def memory_unit_of(self, name: str) -> str | None:
+        return "MiB" if name == GPU_MEMORY else None
 
     def _whole_gpu(self) -> Grant:
         # KAI refuses a share of 1 or more (`gpu-fraction` must be below 1.0), and a memory
         # request it counts as a whole GPU fits no GPU it shares: the pod gets a GPU of its own.
         return Grant({self.resource: 1}, Fraction(1))
+
+    def _hundredths_mib(self, hundredths: int) -> int:
+        """Return the MiB KAI counts as exactly `hundredths` of the GPU: a MiB under them.
+
+        The GPU's memory is a multiple of 100 MiB, so a hundredth of it is whole MiB. KAI
+        counts a share's MiB over it in float64, rounded up to a hundredth, and so counts
+        some exact hundredths (7, 14, 28, 55 and 56 of them) as one more: a MiB under, it
+        counts them as they are. On a GPU of 100 MiB a hundredth is a MiB, and none is spared.
+        """
+        step = self._device_mib() // PORTION_STEP
+        return hundredths * step - (1 if step > 1 else 0)
+
+    def _counted_memory(self, mib: int) -> Fraction:
+        """Return a `gpu-memory` of `mib` as KAI counts it: its hundredths of the GPU, rounded
+        up (`getGpuMemoryFractionalOnNode`), in bytes. A pod stored with a `gpu-memory` that
+        is not a whole number of hundredths (written by an earlier gpuadm, or brought in
+        KAI's own form) is charged, and rewritten, as KAI counts it, never less."""
+        if self.memory is None or mib >= self._device_mib():
+            return Fraction(mib * MiB)
+        device_mib = self._device_mib()
+        hundredths = ceil_div(Fraction(mib * PORTION_STEP, device_mib), 1)
+        return Fraction(hundredths * device_mib // PORTION_STEP * MiB)
 
     def _device_mib(self) -> int:
         """Return the memory of one GPU as KAI counts it: MiB, down to a multiple of 100."""
@@ -236,7 +270,7 @@ class KaiClass(ClassBase):
         if fraction is not None:
             ask: Ask = Share(_fraction(fraction))
         elif memory is not None:
-            ask = MemoryShare(Fraction(_memory_mib(memory) * MiB))
+            ask = MemoryShare(self._counted_memory(_memory_mib(memory)))
         else:
             raise Denial(
                 f"annotation {FRACTION_CONTAINER} names the container of a KAI GPU share, but "

@@ -114,7 +114,8 @@ def create_share(
             {"gpuadm.io/h100-kai-memory": "10Gi"},
             {},
             {},
-            {"gpu-memory": "10240", "gpu-fraction-container-name": "main"},
+            # 10240 of the 81500 MiB KAI counts of an H100 is 12.56 hundredths: a MiB under 12.
+            {"gpu-memory": "9779", "gpu-fraction-container-name": "main"},
             id="memory",
         ),
         pytest.param(
@@ -205,13 +206,14 @@ def test_a_namespace_gets_its_own_queue_from_the_policy(
 def test_kai_shares_count_against_the_class_s_quota(gpuadm: Deployment, namespace: str) -> None:
     gpuadm.set_quotas(f"namespaces:\n  {namespace}: {{a100-kai: 1}}\n")
     create_share(gpuadm, namespace, {"gpuadm.io/a100-kai": "0.5"})
-    create_share(gpuadm, namespace, {"gpuadm.io/a100-kai-memory": "20Gi"})  # 0.26 of 81900 MiB
+    # 20Gi is 25.006 hundredths of 81900 MiB: 0.25, rounded down.
+    create_share(gpuadm, namespace, {"gpuadm.io/a100-kai-memory": "20Gi"})
     message = gpuadm.refusal(namespace, {"gpuadm.io/a100-kai": "1"})
     assert (
-        f'namespace "{namespace}": a100-kai quota exceeded: requested 1, in use 0.76 of 1'
+        f'namespace "{namespace}": a100-kai quota exceeded: requested 1, in use 0.75 of 1'
     ) in message
     # A share is judged like any pod: 0.25 more fits, 0.01 after it does not.
-    create_share(gpuadm, namespace, {"gpuadm.io/a100-kai": "0.24"})
+    create_share(gpuadm, namespace, {"gpuadm.io/a100-kai": "0.25"})
     with pytest.raises(kubernetes.client.exceptions.ApiException) as refused:
         create_share(gpuadm, namespace, {"gpuadm.io/a100-kai": "0.01"})
     assert "a100-kai quota exceeded: requested 0.01, in use 1 of 1" in str(refused.value.body)

@@ -73,12 +73,12 @@ def preset_cluster(
             {QGPU_CORE: "50", QGPU_MEMORY: "8"},
             id="qgpu-share",
         ),
-        # 4Gi is 4.29G: five units of 1G, and 26.8 percent of the GPU, up to a step of 5.
+        # 4Gi is 4.29G: four units of 1G, and 26.8 percent of the GPU, down to a step of 5.
         pytest.param(
             "t4-qgpu",
             {"gpuadm.io/t4-qgpu-memory": "4Gi"},
             {},
-            {QGPU_CORE: "30", QGPU_MEMORY: "5"},
+            {QGPU_CORE: "25", QGPU_MEMORY: "4"},
             id="qgpu-memory",
         ),
         pytest.param(
@@ -130,7 +130,7 @@ def preset_cluster(
             "a10-mgpu",
             {"gpuadm.io/a10-mgpu-memory": "4Gi"},
             {},
-            {MGPU_CORE: "19", MGPU_MEMORY: "4096"},
+            {MGPU_CORE: "18", MGPU_MEMORY: "4096"},
             id="mgpu-memory",
         ),
         pytest.param(
@@ -154,7 +154,7 @@ def preset_cluster(
             "l4-egpu",
             {"gpuadm.io/l4-egpu-memory": "4Gi"},
             {},
-            {EGPU_CORE: "19", EGPU_MEMORY: "4096"},
+            {EGPU_CORE: "18", EGPU_MEMORY: "4096"},
             id="egpu-memory",
         ),
         pytest.param(

@@ -1,9 +1,10 @@
 """Shares of one DRA device (`sharing` on a dra class), and DRA extended resources.
 
 A share is a claim for part of a device's capacity (KEP-5075): gpuadm sizes it in hundredths,
-asks that part of every capacity the class lists, rounded up to the capacity's step, and
-charges the largest part asked of any. A pod that asks the scheduler itself for devices of a
-GPU DeviceClass (KEP-5004) gets whole devices of its class through gpuadm's claim instead.
+rounded down, asks that part of every capacity the class lists, rounded down to the
+capacity's step, and charges its hundredths or the largest part asked of any. A pod that asks
+the scheduler itself for devices of a GPU DeviceClass (KEP-5004) gets whole devices of its
+class through gpuadm's claim instead.
 """
 
 from __future__ import annotations
@@ -83,14 +84,14 @@ def share_spec(capacity: dict[str, str], config: list[dict[str, Any]] | None = N
         pytest.param(
             "share", {"gpuadm.io/share-memory": "20Gi"}, {"memory": "20Gi"}, Fraction(1, 4)
         ),
-        # 10Gi is 12.5 hundredths of 80Gi, so 13: 10649.6Mi, rounded down to 10649Mi, which
-        # still holds the 10Gi asked.
+        # 10Gi is 12.5 hundredths of 80Gi, so 12: 9830.4Mi, asked as 9830Mi; eight of them
+        # fit one device.
         pytest.param(
-            "share", {"gpuadm.io/share-memory": "10Gi"}, {"memory": "10649Mi"}, Fraction(13, 100)
+            "share", {"gpuadm.io/share-memory": "10Gi"}, {"memory": "9830Mi"}, Fraction(12, 100)
         ),
-        # A third is 34 hundredths: 27852.8Mi, asked as 27852Mi; three of them fit one device.
+        # A third is 33 hundredths: 27033.6Mi, asked as 27033Mi; three of them fit one device.
         pytest.param(
-            "share", {"gpuadm.io/share": "0.3333"}, {"memory": "27852Mi"}, Fraction(34, 100)
+            "share", {"gpuadm.io/share": "0.3333"}, {"memory": "27033Mi"}, Fraction(33, 100)
         ),
         # Four slots a device: 30 hundredths take one slot and 30% of the memory.
         pytest.param(
@@ -197,12 +198,20 @@ def test_whole_gpus_of_a_sharing_class_ask_all_of_every_capacity() -> None:
     assert result.charge == 2
 
 
-def test_a_share_that_rounds_to_a_whole_device_is_one_device() -> None:
+def test_a_share_just_under_a_device_is_rounded_down_to_its_hundredths() -> None:
     _, result = apply(asking("share", {"gpuadm.io/share": "0.999"}), POLICY)
+    (template,) = result.claim_templates
+    assert template.held == Held(1, 99)
+    assert result.charge == Fraction(99, 100)
+    assert any("rounded down to 0.99 GPU" in w for w in result.warnings)
+
+
+def test_all_of_a_devices_memory_is_one_device() -> None:
+    _, result = apply(asking("share", {"gpuadm.io/share-memory": "80Gi"}), POLICY)
     (template,) = result.claim_templates
     assert template.held == Held(1)
     assert result.charge == 1
-    assert any("rounded up to 1 GPU" in w for w in result.warnings)
+    assert result.warnings == ()
 
 
 def test_rounding_up_says_what_the_claim_asks() -> None:
@@ -500,15 +509,24 @@ def test_a_capacity_request_is_written_as_the_apiserver_stores_it(
     assert parse_quantity(written) == amount
 
 
-def test_a_memory_ask_off_the_step_is_never_given_less() -> None:
-    # 819.1Mi is a hair under a hundredth of 80Gi (819.2Mi): one hundredth asks 819Mi, less
-    # than asked, so the share takes two.
-    asked = Fraction(8191, 10) * 2**20
-    _, result = apply(asking("share", {"gpuadm.io/share-memory": str(int(asked))}), POLICY)
+@pytest.mark.parametrize(
+    ("memory", "held", "asks"),
+    [
+        # A hair under a hundredth of 80Gi (819.2Mi) still takes one hundredth: never none.
+        pytest.param("819.1Mi", Held(1, 1), "819Mi", id="never-below-one-hundredth"),
+        # A hair under two hundredths is one, rounded down: 100 of them fit one device.
+        pytest.param("1638.3Mi", Held(1, 1), "819Mi", id="rounded-down-to-a-hundredth"),
+    ],
+)
+def test_a_memory_ask_is_rounded_down_to_whole_hundredths(
+    memory: str, held: Held, asks: str
+) -> None:
+    _, result = apply(asking("share", {"gpuadm.io/share-memory": memory}), POLICY)
     (template,) = result.claim_templates
     requests = template.spec["devices"]["requests"][0]["exactly"]["capacity"]["requests"]
-    assert parse_quantity(requests["memory"]) >= int(asked)
-    assert template.held == Held(1, 2)
+    assert requests["memory"] == asks
+    assert template.held == held
+    assert result.charge == Fraction(held.portion, 100)
 
 
 @pytest.mark.parametrize(

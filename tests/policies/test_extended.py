@@ -108,20 +108,26 @@ FORMS = [
     case({"gpuadm.io/t4q": "0.5"}, {QCORE: "50", QMEM: "8"}, Fraction(1, 2), id="qgpu-share"),
     case(
         {"gpuadm.io/t4q": "0.33"},
-        {QCORE: "35", QMEM: "6"},
-        Fraction(3, 8),
+        {QCORE: "30", QMEM: "5"},
+        Fraction(5, 16),
         rounded=True,
-        id="qgpu-share-rounds-cores-up-to-5-and-memory-up-to-1G",
+        id="qgpu-share-rounds-cores-down-to-5-and-memory-down-to-1G",
     ),
     case(
         {"gpuadm.io/t4q-memory": "4G"}, {QCORE: "25", QMEM: "4"}, Fraction(1, 4), id="qgpu-memory"
     ),
     case(
         {"gpuadm.io/t4q": "0.999"},
+        {QCORE: "95", QMEM: "15"},
+        Fraction(95, 100),
+        rounded=True,
+        id="qgpu-share-of-0.999-rounds-down-to-95-cores",
+    ),
+    case(
+        {"gpuadm.io/t4q-memory": "16G"},
         {QCORE: "100"},
         1,
-        rounded=True,
-        id="qgpu-share-that-rounds-to-100-cores-is-a-whole-gpu",
+        id="qgpu-all-of-the-memory-is-a-whole-gpu",
     ),
     case(
         {QCORE: "30", QMEM: "4"},
@@ -142,10 +148,10 @@ FORMS = [
     case({"gpuadm.io/v100c": "0.5"}, {CMEM: "8", CCORE: "50"}, Fraction(1, 2), id="cgpu-share"),
     case(
         {"gpuadm.io/v100c-memory": "1500Mi"},
-        {CMEM: "2", CCORE: "10"},
-        Fraction(1, 8),
+        {CMEM: "1", CCORE: "5"},
+        Fraction(1, 16),
         rounded=True,
-        id="cgpu-memory-rounds-up-to-GiB",
+        id="cgpu-memory-rounds-down-to-GiB",
     ),
     case(
         {CMEM: "4", CCORE: "20"},
@@ -202,10 +208,9 @@ FORMS = [
     case({"gpuadm.io/l4e": "1"}, {ECORE: "100"}, 1, id="elastic-gpu-whole"),
     case(
         {"gpuadm.io/l4e": "0.1"},
-        {ECORE: "10", EMEM: "2458"},
-        Fraction(1229, 12288),
-        rounded=True,
-        id="elastic-gpu-share-rounds-memory-up-to-MiB",
+        {ECORE: "10", EMEM: "2457"},
+        Fraction(1, 10),
+        id="elastic-gpu-share-rounds-memory-down-to-MiB",
     ),
     case(
         {"gpuadm.io/l4e-memory": "12Gi"},
@@ -237,10 +242,10 @@ FORMS = [
     ),
     case(
         {"gpuadm.io/npu-memory": "3Gi"},
-        {"example.com/npu-core": "100", "example.com/npu-memory": "4"},
-        Fraction(1, 8),
+        {"example.com/npu-core": "90", "example.com/npu-memory": "2"},
+        Fraction(9, 100),
         rounded=True,
-        id="extended-memory-rounds-up-to-its-step-of-2Gi",
+        id="extended-memory-rounds-down-to-its-step-of-2Gi",
     ),
     case(
         {"example.com/npu-core": "250", "example.com/npu-memory": "8"},
@@ -268,10 +273,16 @@ FORMS = [
     ),
     case(
         {"gpuadm.io/slices": "0.999"},
-        {"example.com/slice-core": "100", "example.com/slice-memory": "16368"},
-        1,
+        {"example.com/slice-core": "99", "example.com/slice-memory": "16367"},
+        Fraction(16367, 16384),
         rounded=True,
-        id="shares-only-stack-keeps-a-share-that-rounds-to-one-gpu",
+        id="shares-only-stack-rounds-a-share-down",
+    ),
+    case(
+        {"gpuadm.io/slices-memory": "16Gi"},
+        {"example.com/slice-core": "100", "example.com/slice-memory": "16384"},
+        1,
+        id="shares-only-stack-keeps-a-share-of-all-of-its-memory",
     ),
 ]
 
@@ -289,7 +300,7 @@ def test_each_preset_and_form(
     assert limits_of(mutated) == expected
     assert result.charge == charge
     assert mutated["metadata"]["annotations"]["gpuadm.io/demand"] == result.demand
-    assert any("rounded up" in warning for warning in result.warnings) == rounded
+    assert any(" rounded " in warning for warning in result.warnings) == rounded
 
 
 @pytest.mark.parametrize(
@@ -750,7 +761,7 @@ def per_gpu(gpu_class: ExtendedBase) -> dict[str, int]:
 
 @settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
 @given(st.sampled_from(SHAREABLE), st.data())
-def test_grants_round_only_up_and_charge_what_they_grant(
+def test_shares_round_down_so_they_pack_and_are_charged_what_they_grant(
     class_name: str, data: st.DataObject
 ) -> None:
     gpu_class = PROPERTY_POLICY.classes[class_name]
@@ -768,22 +779,37 @@ def test_grants_round_only_up_and_charge_what_they_grant(
     # The charge is exactly the largest fraction of one GPU granted in any dimension.
     granted = {name: Fraction(amount, worth[name]) for name, amount in grant.resources.items()}
     assert grant.charge == max(granted.values())
-    assert grant.charge >= asked
     assert all(amount > 0 for amount in grant.resources.values()), "nothing rounds to zero"
     if isinstance(ask, Whole):
+        assert grant.charge == asked
         assert granted == dict.fromkeys(granted, Fraction(ask.count))
         return
     assert grant.charge <= 1
-    # Granted >= asked in every dimension a share carries, up to all one GPU holds in it.
+    if grant.charge == 1 and gpu_class.whole_dimensions:
+        return  # all of a GPU in some dimension: the stack's whole-GPU form
+    # Each dimension a share carries holds less than a step below the ask, and no more than
+    # it unless that is the dimension's minimum: so as many shares of it as add up to one
+    # GPU fit on one, in every dimension.
     names = gpu_class.resources
-    if names.compute in granted:
-        assert granted[names.compute] >= asked
-    if names.memory in granted:
+    fit = math.floor(1 / asked)
+    if names.compute in grant.resources:
+        amount = grant.resources[names.compute]
+        least = gpu_class.compute_min or gpu_class.compute_step
+        assert granted[names.compute] > asked - Fraction(
+            gpu_class.compute_step, worth[names.compute]
+        )
+        assert granted[names.compute] <= asked or amount == least
+        assert fit * amount <= worth[names.compute] or amount == least
+    if names.memory in grant.resources:
         assert gpu_class.memory is not None
         assert gpu_class.memory_unit is not None
+        amount = grant.resources[names.memory]
+        least = gpu_class.memory_min or gpu_class.memory_step
         wanted = ask.memory if isinstance(ask, MemoryShare) else ask.fraction * gpu_class.memory
-        held = grant.resources[names.memory] * gpu_class.memory_unit
-        assert held >= min(wanted, worth[names.memory] * gpu_class.memory_unit)
+        held = amount * gpu_class.memory_unit
+        assert held > wanted - gpu_class.memory_step * gpu_class.memory_unit
+        assert held <= wanted or amount == least
+        assert fit * amount <= worth[names.memory] or amount == least
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])

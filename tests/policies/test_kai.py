@@ -4,6 +4,7 @@ back as the pod's demand, charged as KAI counts it, and guarded like the other s
 from __future__ import annotations
 
 import copy
+import math
 from fractions import Fraction
 from typing import Any
 
@@ -113,13 +114,14 @@ def limits(mutated: dict[str, Any], index: int = 0, kind: str = "containers") ->
             Fraction(1, 4),
             id="share-in-milli-written-as-a-decimal",
         ),
-        # KAI counts a portion in hundredths: 0.333 is written, and charged, as 0.34.
+        # KAI counts a portion in hundredths: 0.333 is written, and charged, as 0.33, three
+        # of which fit one GPU (three of 0.34 would not).
         pytest.param(
             {"gpuadm.io/h100": "0.333"},
             {},
-            {"gpu-fraction": "0.34", "gpu-fraction-container-name": "main"},
-            Fraction(34, 100),
-            id="share-rounded-up-to-a-hundredth",
+            {"gpu-fraction": "0.33", "gpu-fraction-container-name": "main"},
+            Fraction(33, 100),
+            id="share-rounded-down-to-a-hundredth",
         ),
         pytest.param(
             {"gpuadm.io/h100": "1m"},
@@ -128,22 +130,33 @@ def limits(mutated: dict[str, Any], index: int = 0, kind: str = "containers") ->
             Fraction(1, 100),
             id="smallest-share-is-a-hundredth",
         ),
-        # KAI refuses a fraction of 1: a share that rounds up to it is a GPU of its own.
-        pytest.param({"gpuadm.io/h100": "0.995"}, {GPU: "1"}, {}, 1, id="share-of-one-gpu"),
-        # 10Gi is 10240 MiB; KAI counts the 81920 MiB GPU as 81900, and 10240/81900 as 0.13.
+        pytest.param(
+            {"gpuadm.io/h100": "0.995"},
+            {},
+            {"gpu-fraction": "0.99", "gpu-fraction-container-name": "main"},
+            Fraction(99, 100),
+            id="share-just-under-one-gpu-rounded-down",
+        ),
+        # 10Gi is 10240 MiB; KAI counts the 81920 MiB GPU as 81900, and 10240/81900 as 0.13:
+        # so it is written as a MiB under 12 hundredths of 81900 MiB (9828), which KAI counts
+        # as 0.12.
         pytest.param(
             {"gpuadm.io/h100-memory": "10Gi"},
             {},
-            {"gpu-memory": "10240", "gpu-fraction-container-name": "main"},
-            Fraction(13, 100),
-            id="memory-charged-as-kai-counts-it",
+            {"gpu-memory": "9827", "gpu-fraction-container-name": "main"},
+            Fraction(12, 100),
+            id="memory-rounded-down-to-hundredths-kai-counts",
         ),
         pytest.param(
             {"gpuadm.io/h100-memory": "1500Ki"},
             {},
-            {"gpu-memory": "2", "gpu-fraction-container-name": "main"},
+            {"gpu-memory": "818", "gpu-fraction-container-name": "main"},
             Fraction(1, 100),
-            id="memory-rounded-up-to-a-mib",
+            id="memory-below-a-hundredth-takes-one",
+        ),
+        # All KAI counts of the GPU, or more: the pod gets a GPU of its own.
+        pytest.param(
+            {"gpuadm.io/h100-memory": "81900Mi"}, {GPU: "1"}, {}, 1, id="memory-of-all-the-gpu"
         ),
         # 81900 MiB is all KAI counts of the GPU: asking for more, the pod gets a GPU of its own.
         pytest.param(
@@ -180,8 +193,9 @@ def test_each_form(
 def test_the_rounding_is_said(kai: Policy) -> None:
     _, result = apply(kai, pod({"gpuadm.io/h100": "0.333"}))
     assert result.warnings == (
-        'container "main": a share of 0.333 of h100 rounded up to 0.34 GPU (annotation '
-        "gpu-fraction: 0.34); quota is charged 0.34",
+        'container "main": a share of 0.333 of h100 rounded down to 0.33 GPU (annotation '
+        "gpu-fraction: 0.33), so that shares adding up to one GPU fit on one; quota is "
+        "charged 0.33",
     )
 
 
@@ -248,17 +262,32 @@ def test_a_share_of_an_init_container_is_named_and_counted_by_the_init_rule(kai:
         ),
         pytest.param(
             {"gpu-fraction": ".125"},
-            {"gpu-fraction": "0.13", "gpu-fraction-container-name": "main"},
-            Fraction(13, 100),
-            id="fraction-rounded-up",
+            {"gpu-fraction": "0.12", "gpu-fraction-container-name": "main"},
+            Fraction(12, 100),
+            id="fraction-rounded-down",
         ),
+        # KAI counts 2000 MiB of its 81900 as 3 hundredths: read, written and charged as
+        # those, 2456 MiB (as a pod stored by an earlier gpuadm is charged: never less).
         pytest.param(
             {"gpu-memory": "2000"},
-            {"gpu-memory": "2000", "gpu-fraction-container-name": "main"},
+            {"gpu-memory": "2456", "gpu-fraction-container-name": "main"},
             Fraction(3, 100),
-            id="memory-in-mib",
+            id="memory-in-mib-read-as-the-hundredths-kai-counts",
         ),
-        pytest.param({"gpu-fraction": "0.999"}, {}, 1, id="a-whole-gpu-takes-the-share-away"),
+        # 5733 MiB is 7 hundredths exactly, which KAI's float64 counts as 8: a MiB under.
+        pytest.param(
+            {"gpu-memory": "5733"},
+            {"gpu-memory": "5732", "gpu-fraction-container-name": "main"},
+            Fraction(7, 100),
+            id="memory-of-whole-hundredths-written-a-mib-under",
+        ),
+        pytest.param(
+            {"gpu-fraction": "0.999"},
+            {"gpu-fraction": "0.99", "gpu-fraction-container-name": "main"},
+            Fraction(99, 100),
+            id="a-fraction-just-under-one-rounded-down",
+        ),
+        pytest.param({"gpu-memory": "81900"}, {}, 1, id="a-whole-gpu-takes-the-share-away"),
     ],
 )
 def test_kais_own_annotations_are_the_pods_request(
@@ -914,36 +943,37 @@ def test_a_privileged_debug_container_in_a_share_pod_is_a_gpu_pods(kai: Policy) 
 
 @given(thousandths=st.integers(min_value=1, max_value=999))
 @settings(max_examples=200, deadline=None)
-def test_a_share_is_written_in_hundredths_never_below_the_ask(thousandths: int) -> None:
+def test_a_share_is_written_in_hundredths_kai_keeps_never_above_the_ask(thousandths: int) -> None:
     policy = load_policy(KAI_POLICY_YAML)
     asked = Fraction(thousandths, 1000)
     mutated, result = apply(policy, pod({"gpuadm.io/h100": f"{thousandths}m"}))
-    written = annotations_of(mutated).get("gpu-fraction")
-    if written is None:  # rounded up to a whole GPU of its own
-        assert limits(mutated) == {GPU: "1"}
-        assert result.charge == 1
-        assert asked > Fraction(99, 100)
-        return
+    written = annotations_of(mutated)["gpu-fraction"]
     portion = Fraction(written)
     assert (portion * 100).denominator == 1
-    assert asked <= portion < asked + Fraction(1, 100)
+    # Rounded down, never to nothing: as many as add up to one GPU fit on one.
+    assert max(asked - Fraction(1, 100), Fraction(0)) < portion <= max(asked, Fraction(1, 100))
     assert 0 < float(written) < 1  # as KAI's validator reads it
+    # KAI rounds to the nearest hundredth, and keeps this one as it is.
+    assert math.floor(float(written) * 100 + 0.5) == portion * 100
     assert result.charge == portion
 
 
 @given(mib=st.integers(min_value=1, max_value=81920))
 @settings(max_examples=200, deadline=None)
-def test_a_memory_share_is_charged_at_least_its_memory_of_kais_gpu(mib: int) -> None:
+def test_a_memory_share_is_written_in_hundredths_of_kais_gpu_and_charged_them(mib: int) -> None:
     policy = load_policy(KAI_POLICY_YAML)
     mutated, result = apply(policy, pod({"gpuadm.io/h100-memory": f"{mib}Mi"}))
     if "gpu-memory" not in annotations_of(mutated):
         assert limits(mutated) == {GPU: "1"}
         assert result.charge == 1
-        assert Fraction(mib, 81900) > Fraction(99, 100)
+        assert mib >= 81900
         return
-    assert annotations_of(mutated)["gpu-memory"] == str(mib)
-    assert Fraction(mib, 81900) <= result.charge < Fraction(mib, 81900) + Fraction(1, 100)
+    written = int(annotations_of(mutated)["gpu-memory"])
+    assert written <= max(mib, 818)
+    # KAI's own count of it (`getGpuMemoryFractionalOnNode`, in Go's float64): the charge.
+    assert math.ceil(written / 81900 * 100) == result.charge * 100
     assert (result.charge * 100).denominator == 1
+    assert Fraction(mib, 81900) - Fraction(1, 100) < result.charge
 
 
 def test_check_config_would_say_which_share_updates_went_unrouted(

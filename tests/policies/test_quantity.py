@@ -6,7 +6,15 @@ from fractions import Fraction
 
 import pytest
 
-from policies.quantity import QuantityError, ceil_div, format_amount, format_bytes, parse_quantity
+from policies.quantity import (
+    QuantityError,
+    ceil_div,
+    floor_div,
+    format_amount,
+    format_bytes,
+    format_memory,
+    parse_quantity,
+)
 
 
 @pytest.mark.parametrize(
@@ -84,6 +92,29 @@ def test_format_bytes_prefers_binary_suffixes() -> None:
     assert format_bytes(Fraction(80 * 2**30)) == "80Gi"
     assert format_bytes(Fraction(1500 * 2**20)) == "1500Mi"
     assert format_bytes(Fraction(1000)) == "1000"
+
+
+@pytest.mark.parametrize(
+    ("written", "text"),
+    [
+        pytest.param("80Gi", "80Gi", id="whole-binary"),
+        pytest.param("16G", "16G", id="whole-decimal-is-shorter"),
+        pytest.param("1.5G", "1500M", id="whole-in-a-smaller-decimal-unit"),
+        pytest.param("79.99Gi", "79.99Gi", id="binary-with-two-decimals"),
+        pytest.param("1000", "1k", id="bytes-in-thousands"),
+        pytest.param("1500", "1500 bytes", id="bytes-say-so"),
+    ],
+)
+def test_format_memory_always_names_a_unit(written: str, text: str) -> None:
+    assert format_memory(parse_quantity(written)) == text
+
+
+def test_floor_div_rounds_down_only() -> None:
+    assert floor_div(Fraction(64, 10), 1) == 6
+    assert floor_div(Fraction(64), 1) == 64
+    assert floor_div(Fraction(1, 10**9), 2**20) == 0
+    # Three thirds of 80Gi in MiB, each rounded down, fit in 80Gi.
+    assert 3 * floor_div(Fraction(80 * 2**30, 3), 2**20) <= 80 * 1024
 
 
 def test_ceil_div_rounds_up_only() -> None:

@@ -50,10 +50,10 @@ def limits_of(mutated: dict[str, Any], index: int = 0) -> dict[str, str]:
         pytest.param(
             {"gpuadm.io/a100-memory": "10Gi"},
             {},
-            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "13", "nvidia.com/gpumem": "10240"},
-            Fraction(13, 100),
-            True,
-            id="hami-memory-rounds-cores-up",
+            {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "12", "nvidia.com/gpumem": "10240"},
+            Fraction(1, 8),
+            False,
+            id="hami-memory-rounds-cores-down-and-is-charged-its-memory",
         ),
         pytest.param(
             {"gpuadm.io/a100": "1", "gpuadm.io/a100-memory": "40Gi"},
@@ -98,10 +98,10 @@ def limits_of(mutated: dict[str, Any], index: int = 0) -> dict[str, str]:
         pytest.param(
             {"gpuadm.io/t4": "0.1"},
             {},
-            {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "7"},
-            Fraction(7, 64),
-            True,
-            id="gpu-manager-share-rounds-up-to-256Mi",
+            {"tencent.com/vcuda-core": "10", "tencent.com/vcuda-memory": "6"},
+            Fraction(1, 10),
+            False,
+            id="gpu-manager-share-rounds-memory-down-to-256Mi",
         ),
         pytest.param(
             {"gpuadm.io/t4-memory": "4Gi"},
@@ -114,10 +114,18 @@ def limits_of(mutated: dict[str, Any], index: int = 0) -> dict[str, str]:
         pytest.param(
             {"gpuadm.io/t4": "0.995"},
             {},
+            {"tencent.com/vcuda-core": "99", "tencent.com/vcuda-memory": "63"},
+            Fraction(99, 100),
+            True,
+            id="gpu-manager-share-rounds-down-to-99-cores",
+        ),
+        pytest.param(
+            {"gpuadm.io/t4-memory": "16Gi"},
+            {},
             {"tencent.com/vcuda-core": "100"},
             1,
-            True,
-            id="gpu-manager-share-of-100-cores-is-a-whole-gpu",
+            False,
+            id="gpu-manager-all-the-memory-is-a-whole-gpu",
         ),
         pytest.param(
             {"nvidia.com/gpu": "1"},
@@ -189,10 +197,10 @@ def limits_of(mutated: dict[str, Any], index: int = 0) -> dict[str, str]:
         pytest.param(
             {"gpuadm.io/v100-memory": "1500Mi"},
             {},
-            {"aliyun.com/gpu-mem": "2"},
-            Fraction(1, 8),
+            {"aliyun.com/gpu-mem": "1"},
+            Fraction(1, 16),
             True,
-            id="gpushare-memory-rounds-up-to-GiB",
+            id="gpushare-memory-rounds-down-to-GiB",
         ),
         pytest.param(
             {"gpuadm.io/l4": "1"},
@@ -267,7 +275,7 @@ def test_rewrite_per_backend_and_form(
     assert mutated["metadata"]["labels"]["gpuadm.io/class"] == class_name
     assert mutated["metadata"]["annotations"]["gpuadm.io/class"] == class_name
     assert mutated["metadata"]["annotations"]["gpuadm.io/demand"] == result.demand
-    assert any("rounded up" in w for w in result.warnings) == rounded
+    assert any(" rounded " in w for w in result.warnings) == rounded
 
 
 @pytest.mark.parametrize(

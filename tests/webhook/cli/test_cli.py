@@ -73,12 +73,12 @@ def test_review_prints_the_stored_pod_as_json(
 def test_review_text_shows_verdict_demand_and_patch(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path = write_pod(tmp_path, {"gpuadm.io/t4": "0.1"}, namespace="team-b")
+    path = write_pod(tmp_path, {"gpuadm.io/t4": "0.333"}, namespace="team-b")
     assert main(["review", str(path), "--policy", str(POLICY)]) == 0
     out = capsys.readouterr().out
     assert "verdict: allowed (namespace team-b)" in out
-    assert "demand: t4=0.109375" in out
-    assert 'warning: container "main": a share of 0.1 of t4 rounded up' in out
+    assert "demand: t4=0.33" in out
+    assert 'warning: container "main": a share of 0.333 of t4 rounded down' in out
     assert "path: /spec/containers/0/resources" in out
 
 

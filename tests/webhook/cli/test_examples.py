@@ -152,24 +152,25 @@ def test_review_shows_the_claim_and_the_charge_of_each_dra_sharing_strategy(
     arguments = ["review", str(manifest), "--policy", str(policy), "--quotas", str(quotas)]
     assert main([*arguments, "-o", "json"]) == 0
     result = json.loads(capsys.readouterr().out)
-    # 30Gi is 37.5 hundredths, so 38: 31129.6Mi and 3.04 of 8 shares, each rounded down.
-    assert result["demand"] == "h100=0.38"
+    # 30Gi is 37.5 hundredths, so 37: 30310.4Mi and 2.96 of 8 shares, each rounded down.
+    assert result["demand"] == "h100=0.37"
     (template,) = result["claimTemplates"]
-    assert template["metadata"]["name"].startswith("gpuadm-h100-p38-")
+    assert template["metadata"]["name"].startswith("gpuadm-h100-p37-")
     devices = template["spec"]["spec"]["devices"]
     requests = devices["requests"][0]["exactly"]["capacity"]["requests"]
-    assert requests == {"memory": "31129Mi", "shares": "3"}
+    assert requests == {"memory": "30310Mi", "shares": "2"}
     if config is None:
         assert "config" not in devices
     else:
         assert devices["config"][0]["opaque"]["parameters"]["sharing"] == config
-    # The text form says the charge, and why it is more than was asked.
+    # The text form says the charge, and why it is less than was asked.
     assert main(arguments) == 0
     text = capsys.readouterr().out
-    assert "demand: h100=0.38" in text
+    assert "demand: h100=0.37" in text
     assert (
-        "30Gi of GPU memory of h100 rounded up to 0.38 GPU (a claim for memory 31129Mi of "
-        "80Gi, shares 3 of 8); quota is charged 0.38"
+        "30Gi of GPU memory of h100 rounded down to 0.37 GPU (a claim for memory 30310Mi of "
+        "80Gi, shares 2 of 8), so that shares adding up to one GPU fit on one; quota is "
+        "charged 0.37"
     ) in text
 
 

@@ -66,8 +66,8 @@ async def test_pod_without_gpus_is_allowed_without_patch(client: Client) -> None
 
 
 async def test_rounding_is_announced_as_a_warning(client: Client) -> None:
-    response = await post(client, "/mutate", review(pod({"gpuadm.io/t4": "0.1"})))
-    assert any("rounded up to 0.109375" in w for w in response["warnings"])
+    response = await post(client, "/mutate", review(pod({"gpuadm.io/t4": "0.333"})))
+    assert any("rounded down to 0.33" in w for w in response["warnings"])
 
 
 async def test_invalid_request_is_denied_with_the_rule(client: Client) -> None:
