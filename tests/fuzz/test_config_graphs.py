@@ -8,6 +8,7 @@ Cases come from a fixed seed, so every run tries the same ones.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -47,9 +48,9 @@ def graphs(draw: st.DrawFn) -> str:
             return "[" * levels + "1" + "]" * levels
         if kind not in ("map", "list"):
             return draw(LEAVES)
-        anchor = f"n{len(closed) + len(opened)}" if draw(st.booleans()) else None
-        if anchor:
-            opened.append(anchor)
+        named: str | None = f"n{len(closed) + len(opened)}" if draw(st.booleans()) else None
+        if named:
+            opened.append(named)
         count = draw(st.integers(min_value=0, max_value=4))
         if kind == "map":
             keys = draw(
@@ -63,10 +64,10 @@ def graphs(draw: st.DrawFn) -> str:
             body = "{" + ", ".join(f"{key}: {node(depth + 1)}" for key in keys) + "}"
         else:
             body = "[" + ", ".join(node(depth + 1) for _ in range(count)) + "]"
-        if anchor:
-            opened.remove(anchor)
-            closed.append(anchor)
-        return f"&{anchor} {body}" if anchor else body
+        if named:
+            opened.remove(named)
+            closed.append(named)
+        return f"&{named} {body}" if named else body
 
     field = draw(st.sampled_from(["namespaces", "default", "classes", "guard", "x"]))
     return f"{field}: {node(0)}\nmode: enforce\n"
@@ -76,9 +77,9 @@ def graphs(draw: st.DrawFn) -> str:
 @settings(max_examples=300, derandomize=True, deadline=None, database=None)
 @given(text=graphs())
 def test_any_yaml_graph_is_read_or_refused_with_its_line_within_the_budget(
-    load: object, text: str
+    load: Callable[..., object], text: str
 ) -> None:
-    read = functools.partial(load, text, source="c.yaml")  # type: ignore[call-overload]
+    read = functools.partial(load, text, source="c.yaml")
     problems: list[str] = []
     try:
         read_within_blocking(read, source="c.yaml")

@@ -249,6 +249,7 @@ def test_review_refuses_a_namespace_the_manifest_contradicts_or_no_namespace_has
         "apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: team-a}\n"
         "spec: {containers: [{name: c, image: i, resources: {limits: {gpuadm.io/a100: 1}}}]}\n"
     )
+    code: object
     try:
         code = main(["review", str(manifest), "--policy", POLICY, *args])
     except SystemExit as exited:  # refused by the parser, before the command runs
