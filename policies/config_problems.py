@@ -123,14 +123,24 @@ def _what(model: Any) -> str:
     return f"{name[0].lower()}{name[1:]}" if name else "this mapping"
 
 
+# The problems said one by one, at most. Each is found by a walk of its mapping's keys, so
+# saying 40,000 of them took minutes; an admin reads the first few, fixes, and checks again.
+MAX_DESCRIBED = 50
+
+
 def describe(
     error: ValidationError, root: yaml.Node | None, source: str, model: type[BaseModel]
 ) -> list[str]:
+    """Say the first `MAX_DESCRIBED` validation errors at their lines, and how many more."""
+    details = error.errors(include_url=False)
     problems: list[tuple[int, str]] = []
-    for detail in error.errors(include_url=False):
+    for detail in details[:MAX_DESCRIBED]:
         line, text = _problem(detail, root, model)
         problems.append((line, f"{source}:{line}: {text}"))
-    return [problem for _, problem in sorted(problems, key=lambda p: p[0])]
+    said = [problem for _, problem in sorted(problems, key=lambda p: p[0])]
+    if len(details) > MAX_DESCRIBED:
+        said.append(f"{source}: and {len(details) - MAX_DESCRIBED} more problems")
+    return said
 
 
 def _problem(

@@ -112,7 +112,7 @@ def _load(
     except ConfigError:
         raise
     except yaml.YAMLError as error:
-        raise ConfigError(source, [_yaml_problem(error, source)]) from None
+        raise ConfigError(source, [_yaml_problem(error, source, text)]) from None
     except ValidationError as error:
         raise ConfigError(source, describe(error, root, source, model)) from None
     except (TypeError, ValueError, RecursionError) as error:
@@ -181,7 +181,7 @@ def _check_shape(text: str, source: str) -> None:
                     ],
                 )
     except yaml.YAMLError as error:
-        raise ConfigError(source, [_yaml_problem(error, source)]) from None
+        raise ConfigError(source, [_yaml_problem(error, source, text)]) from None
 
 
 def _line(event: yaml.Event) -> int:
@@ -215,11 +215,22 @@ def _is_null(node: yaml.Node) -> bool:
     return isinstance(node, yaml.ScalarNode) and node.tag == "tag:yaml.org,2002:null"
 
 
-def _yaml_problem(error: yaml.YAMLError, source: str) -> str:
+# libyaml's errors say less than PyYAML's own ("found character that cannot start any
+# token", where PyYAML names the tab): a text this short is parsed again to say it better.
+_REPARSED_FOR_WORDS = 64 * 1024
+
+
+def _yaml_problem(error: yaml.YAMLError, source: str, text: str = "") -> str:
+    if _Loader is not yaml.SafeLoader and len(text) <= _REPARSED_FOR_WORDS:
+        try:
+            yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError as worded:
+            error = worded
     mark = getattr(error, "problem_mark", None)
     where = f"{source}:{mark.line + 1}" if mark is not None else source
     problem = getattr(error, "problem", None) or str(error)
-    return f"{where}: not valid YAML: {problem}"
+    context = getattr(error, "context", None)
+    return f"{where}: not valid YAML: {problem}" + (f" ({context})" if context else "")
 
 
 def _keys_twice(root: yaml.Node, source: str) -> list[str]:

@@ -58,7 +58,6 @@ namespaces:
 """
 
 
-# Containers in a large pod: its review is about 900 KiB, near the largest pod etcd keeps.
 # Config texts an unlucky or hostile edit makes, which every reader must refuse at once:
 # an alias inside the block it names (a loop), and aliases under the count cap that stand
 # for ten million nodes ("billion laughs").
@@ -68,6 +67,7 @@ LAUGHS = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     for below, name in zip("abcdef", "bcdefg", strict=True)
 )
 
+# Containers in a large pod: its review is about 900 KiB, near the largest pod etcd keeps.
 LARGE_POD_CONTAINERS = 3000
 
 

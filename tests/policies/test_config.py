@@ -284,3 +284,31 @@ def test_a_gpu_stack_s_namespace_left_governed_is_warned_of(
         assert f" {name} (" not in warning
     everything = load_policy(f"exemptNamespaces: {list(GPU_STACK_NAMESPACES)}\nclasses: {{}}\n")
     assert exemption_warnings(everything) == []
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        pytest.param(
+            "namespaces:\n\tteam-a: 1\n",
+            "quotas.yaml:2: not valid YAML: found character '\\t'",
+            id="tab",
+        ),
+        pytest.param(
+            "a: *nope\n",
+            "quotas.yaml:1: not valid YAML: found undefined alias 'nope'",
+            id="undefined-alias",
+        ),
+    ],
+)
+def test_a_yaml_error_names_what_it_found(text: str, said: str) -> None:
+    assert said in problems_of(load_quotas, text)[0]
+
+
+def test_a_file_of_forty_thousand_errors_says_fifty_and_how_many_more() -> None:
+    # Each error is placed by a walk of its mapping: saying all of them took minutes.
+    text = "namespaces:\n" + "".join(f"  t{i}: {{a100: x}}\n" for i in range(40_000))
+    problems = problems_of(load_quotas, text)
+    assert len(problems) == 51
+    assert problems[0].startswith("quotas.yaml:2: namespaces.t0.a100: 'x' is not a quantity")
+    assert problems[-1] == "quotas.yaml: and 39950 more problems"

@@ -74,10 +74,13 @@ class ConfigMapSource:
         version = page.resource_version
         progress()
         while True:
-            version = await self._watch(version)
+            version = await self._watch(version, progress)
+            if self.holder.read_pending:
+                # A text left unread for lack of time: no event may come to offer it again.
+                await self._apply()
             progress()
 
-    async def _watch(self, version: str) -> str:
+    async def _watch(self, version: str, progress: Callable[[], None]) -> str:
         latest = version
         watch = self.api.watch_configmaps(
             self.namespace,
@@ -88,6 +91,7 @@ class ConfigMapSource:
         async with aclosing(watch) as events:
             async for event in events:
                 latest = await self._handle(event) or latest
+                progress()  # an event read within its budget is progress, however slow
         return latest
 
     async def _handle(self, event: WatchEvent) -> str | None:

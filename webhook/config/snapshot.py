@@ -137,6 +137,21 @@ NO_QUOTAS = PartText(None, "(no quota config given)")
 
 
 _LOADERS: dict[str, Callable[..., Any]] = {POLICY_PART: load_policy, QUOTAS_PART: load_quotas}
+# A text left unread for lack of time is tried again this long after, not at every poll:
+# each try holds a thread and a core for the whole budget.
+RETRY_OVERRUN_SECONDS = 60.0
+_NEVER = float("inf")
+
+
+def _read_all(texts: Mapping[str, PartText]) -> dict[str, Any]:
+    """Read each part's text: its model, or the `ConfigError` that says why not."""
+    read: dict[str, Any] = {}
+    for part, text in texts.items():
+        try:
+            read[part] = _LOADERS[part](text.read, source=text.source)
+        except ConfigError as error:
+            read[part] = error
+    return read
 
 
 class _Good(NamedTuple):
@@ -184,9 +199,10 @@ class ConfigHolder:
         self._good: dict[str, _Good] = {}
         # Why the latest version of a part is not in force, for the parts whose is not.
         self._problems: dict[str, str] = {}
-        # The latest version of each part refused, and why: not read again until it changes.
-        self._refused: dict[str, tuple[str, str]] = {}
-        self._read_seconds = read_seconds
+        # The latest version of each part refused, why, and until when: a text refused for
+        # what it says is not read again until it changes; one left unread, for a while.
+        self._refused: dict[str, tuple[str, str, float]] = {}
+        self.read_seconds = read_seconds
         if snapshot is not None:
             self.offer(snapshot)
 
@@ -233,22 +249,35 @@ class ConfigHolder:
         return self._settle(policy, quotas, {})
 
     async def reload(self, policy: PartText, quotas: PartText) -> Update:
-        """Like `update`, but each new version is read in a worker within `read_seconds`.
+        """Like `update`, but the new versions are read in a worker, both within one budget
+        of `read_seconds`.
 
-        A read that overruns is refused like an invalid edit: the last good part stays in
-        force, and the event loop, the answers and SIGTERM never wait on the parser.
+        A read past it is refused like an invalid edit, and the last good parts stay in
+        force; the event loop, the answers and SIGTERM never wait on the parser. Such a
+        text is no verdict: it is read again `RETRY_OVERRUN_SECONDS` later, when a source
+        offers it again (`read_pending` says one should).
         """
+        texts = {
+            part: text
+            for part, text in ((POLICY_PART, policy), (QUOTAS_PART, quotas))
+            if isinstance(text.read, str) and self._unread(part, text.read)
+        }
         read: dict[str, Any] = {}
-        for part, text in ((POLICY_PART, policy), (QUOTAS_PART, quotas)):
-            if isinstance(text.read, str) and self._unread(part, text.read):
-                work = functools.partial(_LOADERS[part], text.read, source=text.source)
-                try:
-                    read[part] = await read_within(
-                        work, source=text.source, seconds=self._read_seconds
-                    )
-                except ConfigError as error:
-                    read[part] = error
+        if texts:
+            source = " and ".join(text.source for text in texts.values())
+            try:
+                read = await read_within(
+                    functools.partial(_read_all, texts), source=source, seconds=self.read_seconds
+                )
+            except ConfigError as error:  # overran, or not started: no verdict on the texts
+                read = dict.fromkeys(texts, error)
         return self._settle(policy, quotas, read)
+
+    @property
+    def read_pending(self) -> bool:
+        """Tell whether a part's latest text was left unread for lack of time, and should
+        be offered again."""
+        return any(until != _NEVER for _, _, until in self._refused.values())
 
     def _settle(self, policy: PartText, quotas: PartText, read: Mapping[str, Any]) -> Update:
         rejected: dict[str, str] = {}
@@ -273,13 +302,18 @@ class ConfigHolder:
 
     def _unread(self, part: str, text: str) -> bool:
         """Tell whether `text` is news for `part`: neither its version in force nor one
-        already refused (a source reads the same text again at every poll and relist)."""
+        refused (a source reads the same text again at every poll and relist), unless it
+        was refused for lack of time, long enough ago."""
         revision = revision_of(text)
         good = self._good.get(part)
+        return (good is None or good.revision != revision) and self._refusal(part, revision) is None
+
+    def _refusal(self, part: str, revision: str) -> str | None:
+        """Return why this version of `part` stands refused, if it still does."""
         refused = self._refused.get(part)
-        return (good is None or good.revision != revision) and (
-            refused is None or refused[0] != revision
-        )
+        if refused is None or refused[0] != revision or self._clock() >= refused[2]:
+            return None
+        return refused[1]
 
     def _take(self, part: str, text: PartText, read: Mapping[str, Any]) -> str | None:
         """Put one part's new version in force if valid (`read` holds it if read already);
@@ -295,26 +329,27 @@ class ConfigHolder:
             if good is not None and good.revision == revision:
                 self._recovered(part)
                 return None
-            refused = self._refused.get(part)
-            if refused is not None and refused[0] == revision:
-                return self.reject(part, refused[1])
-            try:
-                model = (
-                    read[part] if part in read else _LOADERS[part](text.read, source=text.source)
+            if (refusal := self._refusal(part, revision)) is not None:
+                return self.reject(part, refusal)
+            model = read[part] if part in read else _read_all({part: text})[part]
+            if isinstance(model, ConfigError):
+                reason = "; ".join(model.problems)
+                # Overran is no verdict on the text: a calmer moment may read it.
+                until = self._clock() + RETRY_OVERRUN_SECONDS
+                self._refused[part] = (
+                    revision,
+                    reason,
+                    until if isinstance(model, ReadOverran) else _NEVER,
                 )
-                if isinstance(model, ConfigError):
-                    raise model
-            except ConfigError as error:
-                reason = "; ".join(error.problems)
-                if not isinstance(error, ReadOverran):
-                    # Overran is not a verdict on the text: a calmer moment may read it.
-                    self._refused[part] = (revision, reason)
                 return self.reject(part, reason)
         self._good[part] = _Good(model, revision)
         self._recovered(part)
         return None
 
     def _recovered(self, part: str) -> None:
+        refused = self._refused.get(part)
+        if refused is not None and refused[2] != _NEVER:
+            del self._refused[part]  # a text left unread is no longer pending
         self._metrics.config_valid.labels(part).set(1)
         if self._problems.pop(part, None) is not None:
             log.info("config %s is valid again", part)

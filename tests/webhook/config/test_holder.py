@@ -6,14 +6,19 @@ its text empty or broken) is rejected like any invalid edit, and keeps its last 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+import time
 
 import pytest
 
 from tests.builders import POLICY_YAML, QUOTAS_YAML
+from webhook.config.read_budget import MAX_OVERRUNNING, ReadOverran, read_within
 from webhook.config.snapshot import (
     NO_QUOTAS,
     QUOTAS_PART,
+    RETRY_OVERRUN_SECONDS,
     ConfigHolder,
     Missing,
     PartText,
@@ -154,24 +159,53 @@ async def test_a_read_over_its_budget_is_refused_and_the_last_good_config_stays(
     # No read ends within no time at all: the worker is left behind, the loop goes on.
     update = await holder.reload(POLICY, edited)
     assert not update.applied
-    assert (
-        "quotas.yaml: reading it took longer than 0 s, and was abandoned"
-        in (update.rejected[QUOTAS_PART])
-    )
+    assert "quotas.yaml: not read within 0 s, and abandoned" in update.rejected[QUOTAS_PART]
     assert holder.current.quotas.limits_for("team-a") == LIMITS_OF_TEAM_A
     assert valid(metrics, QUOTAS_PART) == 0
+    assert holder.read_pending
 
 
-async def test_a_read_that_overran_is_tried_again_but_a_refused_text_is_not() -> None:
-    holder = ConfigHolder(read_seconds=0)
+async def test_a_text_left_unread_is_read_again_a_minute_on_and_a_refused_one_never() -> None:
+    now = [0.0]
+    holder = ConfigHolder(read_seconds=0, clock=lambda: now[0])
     holder.update(POLICY, QUOTAS)
     edited = PartText(QUOTAS_YAML.replace("a100: 4", "a100: 6"), "quotas.yaml")
     await holder.reload(POLICY, edited)
+    # Offered again at the next poll: not read, so no thread and core spent on it again.
+    holder.update(POLICY, edited)
+    assert holder.current.quotas.limits_for("team-a")["a100"] == 4
+    assert holder.read_pending
+    now[0] += RETRY_OVERRUN_SECONDS
     holder.update(POLICY, edited)  # a calmer moment: the same text, read in time
     assert holder.current.quotas.limits_for("team-a")["a100"] == 6
-    # A text refused once is not read again at the next poll or relist, so a budget of
-    # nothing still finds its verdict rather than a second read.
+    assert not holder.read_pending
+    # A text refused for what it says is not read again at the next poll or relist, so a
+    # budget of nothing still finds its verdict rather than a second read.
     broken = PartText("namespaces: [", "quotas.yaml")
     holder.update(POLICY, broken)
+    now[0] += RETRY_OVERRUN_SECONDS
     update = await holder.reload(POLICY, broken)
     assert "not valid YAML" in update.rejected[QUOTAS_PART]
+    assert not holder.read_pending
+
+
+async def test_no_more_reads_start_while_two_run_past_their_budget() -> None:
+    # A worker thread cannot be stopped; past two of them still running, a read is not
+    # even started, and says why, rather than pile up threads that each hold a core.
+    release = threading.Event()
+    try:
+        for _ in range(MAX_OVERRUNNING):
+            with pytest.raises(ReadOverran, match="not read within 0 s"):
+                await read_within(release.wait, source="slow.yaml", seconds=0)
+        with pytest.raises(ReadOverran, match="earlier reads still run past their budget"):
+            await read_within(lambda: 1, source="next.yaml", seconds=5)
+    finally:
+        release.set()
+    deadline = time.monotonic() + 5
+    while True:  # the threads end once let go, and reads start again
+        try:
+            assert await read_within(lambda: 1, source="next.yaml", seconds=5) == 1
+            break
+        except ReadOverran:
+            assert time.monotonic() < deadline, "the released reads never ended"
+            await asyncio.sleep(0.05)
