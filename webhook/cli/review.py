@@ -235,8 +235,15 @@ class _Cluster:
 
     def held(self, namespace: str) -> dict[str, Fraction]:
         """Return the GPUs per class the namespace holds or has reserved now."""
+        from webhook.kube.errors import KubeError
+
         if namespace not in self._held:
-            self._held[namespace] = self._call(self._api, self._read(namespace))
+            try:
+                self._held[namespace] = self._call(self._api, self._read(namespace))
+            except KubeError as error:
+                raise CommandError(
+                    f"cannot read the GPUQuota objects of namespace {namespace}: {error}"
+                ) from None
         return self._held[namespace]
 
     async def _read(self, namespace: str) -> dict[str, Fraction]:

@@ -368,3 +368,18 @@ def test_review_takes_files_or_the_cluster(
 ) -> None:
     assert main(["review", JOB, *args]) == 2
     assert error in capsys.readouterr().err
+
+
+def test_review_from_the_cluster_says_what_it_could_not_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.webhook.cli.apiserver import write_kubeconfig
+
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        apiserver.token = "not-the-one-sent"  # every call is refused as unauthorized
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
+        assert main(["review", JOB, "--from-cluster", "--kubeconfig", str(kubeconfig)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gpuadm: ")
+    assert "Traceback" not in err
