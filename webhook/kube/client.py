@@ -32,11 +32,14 @@ AUTHORIZATION_SECONDS = 10.0
 
 
 def connect(kubeconfig: str | None, *, context: str | None = None) -> Kube:
-    """Connect as kubectl would: with `kubeconfig` (and a context of it), else the files
-    `$KUBECONFIG` lists, else in a pod with its service account, else ~/.kube/config.
+    """Connect with `kubeconfig` (and a context of it), else the files `$KUBECONFIG` lists,
+    else in a pod with its service account, else with ~/.kube/config.
 
     `$KUBECONFIG` comes before the service account, as for kubectl: a command run in a CI
-    pod against another cluster must reach that cluster, not the one it runs in."""
+    pod against another cluster must reach that cluster, not the one it runs in. A pod's
+    own account comes before ~/.kube/config, which kubectl reads first: in a pod, only a
+    file named on purpose takes gpuadm elsewhere. A `$KUBECONFIG` naming no file is an
+    error, never a fall back to the pod's own cluster."""
     try:
         if (
             kubeconfig
