@@ -395,19 +395,42 @@ GPU_STACK_NAMESPACES = {
     "kai-scheduler": "KAI Scheduler",
     "kai-resource-reservation": "KAI Scheduler's pods that hold a shared GPU",
 }
+# NVIDIA's static device plugin in kube-system is left out: the GPU Operator and the plugin's
+# chart are how clusters install it, and an example that exempted kube-system alone had the
+# Operator's device plugin refused.
+_DEVICE_PLUGIN = ("NVIDIA's device plugin", ("gpu-operator", "nvidia-device-plugin"))
+# The stacks a backend's pods need running, each with the namespaces it installs into by
+# default: one of them exempt is where the cluster runs it. Only these are warned of, so that
+# no admin is pushed to exempt a namespace whose stack the cluster does not run.
+_STACKS_OF_BACKEND: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "nvidia": (_DEVICE_PLUGIN,),
+    "mig": (_DEVICE_PLUGIN,),
+    "time-slicing": (_DEVICE_PLUGIN,),
+    "hami": (("HAMi", ("hami-system", "kube-system")),),
+    "volcano": (("Volcano's vGPU device plugin", ("volcano-system", "kube-system")),),
+    "kai": (
+        _DEVICE_PLUGIN,
+        ("KAI Scheduler", ("kai-scheduler",)),
+        ("KAI Scheduler's pods that hold a shared GPU", ("kai-resource-reservation",)),
+    ),
+    "dra": (("NVIDIA's DRA driver", ("nvidia-dra-driver-gpu",)),),
+}
 
 
 def exemption_warnings(policy: Policy) -> list[str]:
-    """Warn of the GPU stacks' own namespaces that the policy governs: a stack run there
-    would have its device plugins and drivers refused."""
-    governed = [name for name in GPU_STACK_NAMESPACES if name not in policy.exempt_namespaces]
-    if not governed:
-        return []
-    named = "; ".join(f"{name} ({GPU_STACK_NAMESPACES[name]})" for name in governed)
+    """Warn of each GPU stack that the policy's classes need, none of whose namespaces is
+    exempt: run there, its device plugins and drivers would be refused."""
+    warned: list[tuple[str, tuple[str, str, tuple[str, ...]]]] = []
+    for name, gpu_class in sorted(policy.classes.items()):
+        for stack, namespaces in _STACKS_OF_BACKEND.get(gpu_class.backend, ()):
+            if stack in {w for w, _ in warned} or set(namespaces) & set(policy.exempt_namespaces):
+                continue
+            warned.append((stack, (name, gpu_class.backend, namespaces)))
     return [
-        f"exemptNamespaces: these GPU stacks' namespaces are governed: {named}. A stack run "
-        "in one has its device plugins and drivers refused, since they reach GPUs outside "
-        "any pod's resources: exempt its namespace, and ignore this for a stack you do not run"
+        f"exemptNamespaces: class {name} ({backend}) needs {stack}, and no namespace it "
+        f"installs into by default is exempt ({', '.join(namespaces)}): where it runs, its "
+        "pods reach GPUs outside any pod's resources and are refused; exempt that namespace"
+        for stack, (name, backend, namespaces) in warned
     ]
 
 

@@ -33,6 +33,7 @@ from policies.backends.kai import SHARE_CONFIG_MAPS
 from policies.guard import ALLOCATION_ANNOTATIONS
 from policies.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
 from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.policy import GPU_STACK_NAMESPACES as STACK_NAMESPACES
 from policies.policy import (
     ROUTED_DEVICES_CONFIG_MAPS,
     ROUTED_REQUEST_ANNOTATIONS,
@@ -100,18 +101,9 @@ COUNTERPARTS = [
     ("kustomize-client-auth", "helm-client-auth"),
 ]
 
-# The namespaces of the GPU stacks' documented installs, exempt by default: HAMi's chart,
-# Volcano's vGPU device plugin and NVIDIA's static device plugin install in kube-system.
-GPU_STACK_NAMESPACES = {
-    "kube-system",
-    "gpu-operator",
-    "nvidia-device-plugin",
-    "nvidia-dra-driver-gpu",
-    "hami-system",
-    "volcano-system",
-    "kai-scheduler",
-    "kai-resource-reservation",
-}
+# The namespaces of the GPU stacks' documented installs, exempt by default: the list
+# check-config warns from, so that the shipped manifests and the warning never part.
+GPU_STACK_NAMESPACES = set(STACK_NAMESPACES)
 
 GPU_RESOURCE_NAMES = [
     "nvidia.com/gpu",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 import pytest
+import yaml
 
 from policies import ConfigError, Policy, load_policy, load_quotas
 from policies.backends import HamiClass, MigClass
@@ -248,42 +249,44 @@ def test_aliases_count_as_the_blocks_they_repeat_up_to_the_bound() -> None:
 
 
 @pytest.mark.parametrize(
-    ("exempt", "named"),
+    ("backend", "exempt", "named"),
     [
         pytest.param(
+            "nvidia",
             ["kube-system"],
-            ["gpu-operator (the NVIDIA GPU Operator)", "kai-scheduler"],
-            id="only-kube-system",
-        ),
-        pytest.param(
             [
-                "kube-system",
-                "gpu-operator",
-                "nvidia-device-plugin",
-                "nvidia-dra-driver-gpu",
-                "hami-system",
-                "volcano-system",
-                "kai-scheduler",
+                "class a (nvidia) needs NVIDIA's device plugin",
+                "(gpu-operator, nvidia-device-plugin)",
             ],
-            ["kai-resource-reservation (KAI Scheduler's pods that hold a shared GPU)"],
-            id="all-but-kai-reservations",
+            id="device-plugin-with-kube-system-alone",
         ),
+        pytest.param("nvidia", ["nvidia-device-plugin"], [], id="device-plugin-in-its-chart-s"),
+        pytest.param(
+            "hami", ["gpu-operator"], ["needs HAMi", "(hami-system, kube-system)"], id="hami"
+        ),
+        pytest.param("hami", ["kube-system"], [], id="hami-in-kube-system"),
+        pytest.param(
+            "kai",
+            ["gpu-operator", "kai-scheduler"],
+            ["needs KAI Scheduler's pods that hold a shared GPU, and no namespace"],
+            id="kai-without-its-reservations",
+        ),
+        pytest.param("gpu-manager", [], [], id="a-stack-without-a-namespace-of-its-own"),
     ],
 )
-def test_a_gpu_stack_s_namespace_left_governed_is_warned_of(
-    exempt: list[str], named: list[str]
+def test_a_gpu_stack_a_class_needs_left_governed_is_warned_of(
+    backend: str, exempt: list[str], named: list[str]
 ) -> None:
-    from policies.policy import GPU_STACK_NAMESPACES, exemption_warnings
+    # Only stacks the classes need: no admin is pushed to exempt a namespace for nothing.
+    from policies.policy import exemption_warnings
 
-    policy = load_policy(f"exemptNamespaces: {exempt}\nclasses: {{}}\n")
-    (warning,) = exemption_warnings(policy)
-    assert warning.startswith("exemptNamespaces: these GPU stacks' namespaces are governed: ")
-    for name in named:
-        assert name in warning
-    for name in exempt:
-        assert f" {name} (" not in warning
-    everything = load_policy(f"exemptNamespaces: {list(GPU_STACK_NAMESPACES)}\nclasses: {{}}\n")
-    assert exemption_warnings(everything) == []
+    gpu_class = {"backend": backend, "memory": "80Gi"}
+    text = yaml.safe_dump({"exemptNamespaces": exempt, "classes": {"a": gpu_class}})
+    warnings = exemption_warnings(load_policy(text))
+    assert all(w.startswith("exemptNamespaces: class a (") for w in warnings)
+    for part in named:
+        assert any(part in warning for warning in warnings), warnings
+    assert bool(warnings) == bool(named)
 
 
 @pytest.mark.parametrize(

@@ -398,10 +398,10 @@ def test_a_governed_gpu_stack_namespace_is_warned_of_at_the_exemptions_line(
     # configuration.md's complete example once exempted kube-system alone: the GPU
     # Operator's device plugin was then refused, and check-config said "ok".
     policy = tmp_path / "policy.yaml"
-    policy.write_text("domain: gpuadm.io\nexemptNamespaces: [kube-system]\nclasses: {}\n")
+    policy.write_text("exemptNamespaces: [kube-system]\nclasses:\n  h100:\n    backend: nvidia\n")
     assert main(["check-config", str(policy)]) == 0
     out = capsys.readouterr().out
     assert (
-        f"warning: {policy}:2: exemptNamespaces: these GPU stacks' namespaces are governed: " in out
+        f"warning: {policy}:1: exemptNamespaces: class h100 (nvidia) needs NVIDIA's device "
+        "plugin, and no namespace it installs into by default is exempt" in out
     )
-    assert "gpu-operator (the NVIDIA GPU Operator)" in out
