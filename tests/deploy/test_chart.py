@@ -134,6 +134,12 @@ def test_the_schema_is_draft_07_and_refuses_unknown_top_level_keys() -> None:
             "additional properties 'podAntiAfinity' not allowed",
             id="affinity-typo",
         ),
+        pytest.param(
+            "networkPolicy.apiserverPorts={70000}", "maximum", id="apiserver-port-too-high"
+        ),
+        pytest.param(
+            "networkPolicy.apiserverPorts[0]=https", "want integer", id="apiserver-port-named"
+        ),
     ],
 )
 def test_helm_refuses_values_the_chart_does_not_know(render: Render, value: str, why: str) -> None:
@@ -381,6 +387,76 @@ def test_the_default_placement_can_be_dropped(render: Render) -> None:
     )
     for key in ("affinity", "topologySpreadConstraints", "priorityClassName"):
         assert key not in spec
+
+
+def _egress_ports(policy: Obj) -> list[list[tuple[int, str]]]:
+    return [
+        [(port["port"], port["protocol"]) for port in rule["ports"]]
+        for rule in policy["spec"]["egress"]
+    ]
+
+
+def test_the_apiserver_ports_are_a_value_both_network_policies_follow(render: Render) -> None:
+    """MicroK8s' apiserver serves on 16443: the replicas and the uninstall Job reach it there,
+    and DNS as before."""
+    dns = [(53, "UDP"), (53, "TCP")]
+    default = Rendered("helm", render("helm"))
+    microk8s = Rendered("helm", render("helm", "--set", "networkPolicy.apiserverPorts={16443}"))
+    for name in ("gpuadm", "gpuadm-uninstall"):
+        assert _egress_ports(default.one("NetworkPolicy", name)) == [
+            [(443, "TCP"), (6443, "TCP")],
+            dns,
+        ]
+        assert _egress_ports(microk8s.one("NetworkPolicy", name)) == [[(16443, "TCP")], dns]
+
+
+def test_no_apiserver_port_is_refused_rather_than_opening_every_port(render: Render) -> None:
+    with pytest.raises(AssertionError) as refused:
+        render("helm", "--set", "networkPolicy.apiserverPorts=null")
+    assert "networkPolicy.apiserverPorts: list the apiserver's ports" in str(refused.value)
+
+
+TENANTS = {"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}
+
+
+def test_tenants_may_read_the_policy_and_quotas_only_when_the_admin_says_who(
+    render: Render, api_client: kubernetes.client.ApiClient
+) -> None:
+    """Off by default. On: get of exactly gpuadm-policy and gpuadm-quotas, by name, in gpuadm's
+    namespace, for the subjects given; nothing else is bound to them."""
+
+    def tenant_objects(objects: list[Obj]) -> list[Obj]:
+        return [o for o in objects if o["metadata"]["name"] == "gpuadm-config-view"]
+
+    assert tenant_objects(render("helm")) == []
+    subjects = [
+        a for k, v in TENANTS.items() for a in ("--set", f"tenantAccess.subjects[0].{k}={v}")
+    ]
+    on = Rendered("helm", render("helm", "--set", "tenantAccess.readConfig=true", *subjects))
+    role, binding = (
+        on.one("Role", "gpuadm-config-view"),
+        on.one("RoleBinding", "gpuadm-config-view"),
+    )
+    assert sorted(o["kind"] for o in tenant_objects(on.objects)) == ["Role", "RoleBinding"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["gpuadm-policy", "gpuadm-quotas"],
+            "verbs": ["get"],
+        }
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": "gpuadm-config-view",
+    }
+    assert binding["subjects"] == [TENANTS]
+    assert schema_errors(api_client, role) == schema_errors(api_client, binding) == []
+    with pytest.raises(AssertionError) as refused:
+        render("helm", "--set", "tenantAccess.readConfig=true")
+    assert "tenantAccess.readConfig needs tenantAccess.subjects" in str(refused.value)
 
 
 # --- policy and quotas: installed as the admin wrote them -------------------------------------

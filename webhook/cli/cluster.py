@@ -57,8 +57,10 @@ async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
     from webhook.config.read_budget import read_within
     from webhook.config.snapshot import snapshot_from_text
 
-    maps = {m["metadata"]["name"]: m for m in (await api.list_configmaps(namespace, "")).items}
-    if POLICY_MAP not in maps:
+    # Each by name: a tenant may be granted get on exactly these two (the chart's
+    # tenantAccess.readConfig), never a list of the namespace's usage records.
+    maps = {name: await api.get_configmap(namespace, name) for name in (POLICY_MAP, QUOTAS_MAP)}
+    if maps[POLICY_MAP] is None:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
 
     def text(name: str, key: str) -> str:

@@ -56,6 +56,15 @@ def _status(code: int, reason: str, message: str) -> dict[str, Any]:
     }
 
 
+def _item_of(objects: dict[str, Any], path: str) -> Any:
+    """The object named by the last segment of `path` in the list held at its collection."""
+    collection, _, name = path.rpartition("/")
+    for item in (objects.get(collection) or {}).get("items", []):
+        if (item.get("metadata") or {}).get("name") == name:
+            return item
+    return None
+
+
 @contextmanager
 def fake_apiserver() -> Iterator[FakeApiserver]:
     """Run the server on a loopback port for the length of the block."""
@@ -89,6 +98,9 @@ def fake_apiserver() -> Iterator[FakeApiserver]:
                     ]
                     found = {**found, "items": items}
                 self._answer(200, found)
+            elif (item := _item_of(state.objects, path)) is not None:
+                # An object read by name, from the list of its collection, as the apiserver does.
+                self._answer(200, item)
             elif path.endswith(("/configmaps", "/pods")):
                 self._answer(200, {"kind": "List", "metadata": {}, "items": []})
             else:

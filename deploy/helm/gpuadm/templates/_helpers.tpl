@@ -287,3 +287,21 @@ The image reference: by digest when one is given (the tag then only labels it), 
 {{- printf "%s:%s" .Values.image.repository $tag -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+The egress rule to the apiserver, for the replicas' NetworkPolicy and the uninstall Job's.
+Policies see the endpoint after the Service's address is translated, so these are its real
+ports (networkPolicy.apiserverPorts): 6443 on most clusters, 443 on some managed ones, 16443
+on MicroK8s. It has no pod to select either, hence no `to:`. A rule without ports would allow
+every port, so none is refused.
+*/}}
+{{- define "gpuadm.apiserverEgress" -}}
+{{- if not .Values.networkPolicy.apiserverPorts }}
+{{- fail "networkPolicy.apiserverPorts: list the apiserver's ports, e.g. [443, 6443]; none would open every port" }}
+{{- end -}}
+- ports:
+    {{- range .Values.networkPolicy.apiserverPorts }}
+    - port: {{ . }}
+      protocol: TCP
+    {{- end }}
+{{- end }}
