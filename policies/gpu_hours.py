@@ -12,26 +12,29 @@ shares, and pure: the shell hands in the runs it saw and the time it is.
   `accrue` counts every run's part between the last checkpoint and now, and only that part,
   so counting the same run twice, or counting again after a crash, never counts a second
   twice. What a namespace has used by now is its record accrued to now, unstored.
+- A record stays small by construction (`Tiers`, `compact`, `fit`): narrow buckets for the
+  namespace's own longest window, wider ones further back, and, should its text still pass
+  `RECORD_MAX_BYTES`, its oldest buckets merged into wider ones until it fits. A merge
+  only ever makes a window count more, never less.
 - `judge_budget` refuses a new pod of a class whose budget is spent in the window that ends
   now, and says when enough of it leaves the window.
 """
 
 from __future__ import annotations
 
+import bisect
+import heapq
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from policies.budget import DAY, Budget, duration
+from policies.budget import DAY, HOUR, Budget, duration
 from policies.judge import NEARLY_FULL, QuotaVerdict
 from policies.quotas import ALL_CLASSES, Mode, budgets_on
-
-# The width of the buckets that usage older than `fine_for` is merged into (`compact`).
-COARSE_WIDTH = DAY
-
 
 # The latest moment a record may name: the year 5138. Later ones (a hand-edited record) are
 # refused when it is read, and could not be said as a date.
@@ -81,22 +84,34 @@ def run_times(pod: Mapping[str, Any], *, ended_phase: bool) -> tuple[int | None,
 
     A pod whose containers never started (Pending, gated, pulling its image) ran for none.
     A pod that ended always has an end, read from its status alone (see below).
+
+    The kubelet shows a container's current run (`state`) and the one before it
+    (`lastState`), no earlier one: once a container has restarted twice, its first start is
+    gone from the status. The pod's own start (`status.startTime`, written when its node
+    took it, before any container ran) then stands in for it: never later than the truth, so
+    such a pod is counted at most its start-up time early, never late.
     """
     status = pod.get("status")
     if not isinstance(status, Mapping):
         return None, None
     starts: list[int] = []
     finishes: list[int] = []
+    hidden = False
     for key in _CONTAINER_STATUSES:
         statuses = status.get(key)
         if not isinstance(statuses, list):
             continue
         for entry in statuses:
+            shown = 0
             for state in _states(entry):
                 if (start := parse_timestamp(state.get("startedAt"))) is not None:
                     starts.append(start)
+                    shown += 1
                 if (finish := parse_timestamp(state.get("finishedAt"))) is not None:
                     finishes.append(finish)
+            hidden = hidden or _first_start_hidden(entry, shown)
+    if hidden and (standing_in := _pod_start(pod, status)) is not None:
+        starts.append(standing_in)
     started = min(starts) if starts else None
     if not ended_phase or started is None:
         return started, None
@@ -113,6 +128,31 @@ def run_times(pod: Mapping[str, Any], *, ended_phase: bool) -> tuple[int | None,
         ]
         finishes = changes or [started]
     return started, max(started, max(finishes))
+
+
+def _first_start_hidden(entry: object, shown: int) -> bool:
+    """Tell whether a container status has run the container more often than its states
+    show starts: it restarted, and its first start is no longer shown."""
+    if not isinstance(entry, Mapping):
+        return False
+    restarts = entry.get("restartCount")
+    if not isinstance(restarts, int) or isinstance(restarts, bool):
+        return False
+    return restarts >= 1 and restarts + 1 > shown
+
+
+def _pod_start(pod: Mapping[str, Any], status: Mapping[str, Any]) -> int | None:
+    """Return a moment no later than any of a pod's containers started: the pod's start, or,
+    if its status has none, its creation."""
+    started = parse_timestamp(status.get("startTime"))
+    if started is not None:
+        return started
+    metadata = pod.get("metadata")
+    return (
+        parse_timestamp(metadata.get("creationTimestamp"))
+        if isinstance(metadata, Mapping)
+        else None
+    )
 
 
 def _states(entry: object) -> Iterator[Mapping[str, Any]]:
@@ -234,36 +274,155 @@ def _sum_shares(by_denominator: Mapping[int, int]) -> Fraction:
 def _add(entry: ClassHours, by_start: Mapping[int, Fraction], width: int) -> ClassHours:
     buckets = {b.start: b for b in entry.buckets}
     for start, seconds in by_start.items():
-        old = buckets.get(start)
-        if old is None:
-            buckets[start] = Bucket(start, width, seconds)
-        else:
-            buckets[start] = replace(old, seconds=old.seconds + seconds)
+        _merge_into(buckets, Bucket(start, width, seconds))
     ordered = tuple(sorted(buckets.values(), key=lambda b: b.start))
     return ClassHours(entry.total + sum(by_start.values(), Fraction(0)), ordered)
 
 
-def compact(hours_: Hours, *, now: int, fine_for: int, keep_for: int) -> Hours:
-    """Merge buckets into day-wide ones once the day they fall in ended more than `fine_for`
-    ago, and drop buckets that ended more than `keep_for` ago (the total keeps them): a
-    record stays a few KiB. No window of at most `fine_for` counts a merged bucket, so none
-    counts more after a merge than before."""
+def _merge_into(buckets: dict[int, Bucket], bucket: Bucket) -> None:
+    """Add a bucket to those by start; one of the same start becomes one that spans both,
+    so that no usage is ever said to have ended sooner than it did."""
+    old = buckets.get(bucket.start)
+    if old is None:
+        buckets[bucket.start] = bucket
+    else:
+        end = max(old.end, bucket.end)
+        buckets[bucket.start] = Bucket(
+            bucket.start, end - bucket.start, old.seconds + bucket.seconds
+        )
+
+
+# --- Keeping a record small ---------------------------------------------------------------
+
+# Buckets narrower than an hour are kept for the namespace's longest window, but no more than
+# this many of them per class: with buckets of 60 s, 16 h 40 min.
+FINE_BUCKETS = 1000
+# Hour-wide buckets are kept for the longest window, and this long at least (a budget
+# shortened for a while, then lengthened again, finds its hours still there) ...
+HOURLY_AT_LEAST = 8 * DAY
+# ... but no longer than this: day-wide ones after it.
+HOURLY_AT_MOST = 31 * DAY
+# Showback keeps a month and a bit of usage, whatever the budgets.
+KEEP_AT_LEAST = 35 * DAY
+# The widths a bucket is merged up through: an hour, a day, then doubling (`fit`) to 512
+# days, more than a record keeps (366 days and one). The widths a leader may be given
+# (`serve --gpu-hours-bucket-seconds`) all divide an hour, so each width divides the next,
+# and merged buckets never overlap.
+WIDTHS = (HOUR, DAY, *(DAY * 2**k for k in range(1, 10)))
+MAX_BUCKET_WIDTH = WIDTHS[-1]
+
+
+@dataclass(frozen=True, slots=True)
+class Tiers:
+    """How long a namespace's record keeps its buckets at each width: `width` wide for
+    `fine_for`, then an hour wide until `hourly_for`, then a day wide until `keep_for`;
+    older ones are dropped (the total keeps them)."""
+
+    width: int
+    fine_for: int
+    hourly_for: int
+    keep_for: int
+
+
+def tiers(longest_window: int, width: int) -> Tiers:
+    """Return the tiers of a namespace's record, from its own longest budget window (0: it
+    has no budget) and the width of the buckets the leader counts into.
+
+    A window of at most `fine_for` counts only buckets of `width` (none merged); one of at
+    most `hourly_for`, at most one bucket of an hour where it begins; a longer one, one of a
+    day. A bucket straddling a window's start counts whole (`ClassHours.within`), so a
+    window may count up to that bucket's width of usage from before it, never less.
+    """
+    fine_for = min(longest_window + width, FINE_BUCKETS * width)
+    hourly = min(max(longest_window, HOURLY_AT_LEAST) + HOUR, HOURLY_AT_MOST)
+    hourly_for = max(fine_for, hourly)
+    keep_for = max(KEEP_AT_LEAST, longest_window + DAY, hourly_for + DAY)
+    return Tiers(width, fine_for, hourly_for, keep_for)
+
+
+def compact(hours_: Hours, *, now: int, tiers: Tiers) -> Hours:
+    """Merge buckets into hour-wide ones once the hour they fall in ended more than
+    `tiers.fine_for` ago, into day-wide ones once their day ended more than
+    `tiers.hourly_for` ago, and drop buckets that ended more than `tiers.keep_for` ago (the
+    total keeps them). No window of at most `fine_for` counts a merged bucket, so none
+    counts differently after a merge; a longer one can only count more."""
+    steps = ((HOUR, tiers.fine_for), (DAY, tiers.hourly_for))
     classes = {}
     for class_name, entry in hours_.classes.items():
         merged: dict[int, Bucket] = {}
         for bucket in entry.buckets:
-            if bucket.end <= now - keep_for:
+            if bucket.end <= now - tiers.keep_for:
                 continue
-            day = bucket.start - bucket.start % COARSE_WIDTH
-            if bucket.width < COARSE_WIDTH and day + COARSE_WIDTH <= now - fine_for:
-                bucket = Bucket(day, COARSE_WIDTH, bucket.seconds)
-            old = merged.get(bucket.start)
-            merged[bucket.start] = (
-                bucket if old is None else replace(old, seconds=old.seconds + bucket.seconds)
-            )
+            for width, after in steps:
+                parent = bucket.start - bucket.start % width
+                if bucket.width < width and parent + width <= now - after:
+                    bucket = Bucket(parent, max(width, bucket.end - parent), bucket.seconds)
+            _merge_into(merged, bucket)
         ordered = tuple(sorted(merged.values(), key=lambda b: b.start))
         classes[class_name] = ClassHours(entry.total, ordered)
     return Hours(hours_.checkpoint, classes)
+
+
+def fit(hours_: Hours, *, max_bytes: int) -> Hours:
+    """Merge buckets into wider ones until the record's text (`encode_hours`, as compact
+    JSON) takes at most `max_bytes`, or no merge is left.
+
+    A bucket is merged into the bucket of the next width of `WIDTHS` that holds it, with
+    every other bucket of its class in that span. The merges whose merged bucket ends
+    soonest come first, so that the windows that end now, whose counts matter most, are
+    touched last: first the time no budget's window reaches, then the start of the longest.
+    Only buckets that end by the record's checkpoint are merged: the next checkpoint adds
+    after them. A merged bucket counts whole in any window it reaches into, so a window
+    counts at most the usage of its widest straddling bucket more, never less.
+    """
+    size = record_bytes(hours_)
+    if size <= max_bytes:
+        return hours_
+    starts = {
+        name: sorted(b.start for b in entry.buckets) for name, entry in hours_.classes.items()
+    }
+    by_start = {name: {b.start: b for b in entry.buckets} for name, entry in hours_.classes.items()}
+    merges: list[tuple[int, str, int, int]] = []
+    for name, entry in hours_.classes.items():
+        for each in entry.buckets:
+            _offer(merges, name, each, hours_.checkpoint)
+    while size > max_bytes and merges:
+        end, name, start, width = heapq.heappop(merges)
+        offered = by_start[name].get(start)
+        if offered is None or offered.width != width:
+            continue  # merged into a wider one since it was offered
+        wider = next(w for w in WIDTHS if w > width)
+        parent = start - start % wider
+        ordered = starts[name]
+        first = bisect.bisect_left(ordered, parent)
+        last = bisect.bisect_left(ordered, end)
+        members = [by_start[name].pop(at) for at in ordered[first:last]]
+        span = max(end, *(m.end for m in members)) - parent
+        if span > MAX_BUCKET_WIDTH:  # a bucket of a hand-edited record, out of line
+            for member in members:
+                by_start[name][member.start] = member
+            continue
+        merged = Bucket(parent, span, sum((m.seconds for m in members), Fraction(0)))
+        ordered[first:last] = [parent]
+        by_start[name][parent] = merged
+        # Each bucket's text, and the commas between them, go; the merged one's comes.
+        size += _bucket_bytes(merged) - sum(_bucket_bytes(m) for m in members) - (len(members) - 1)
+        _offer(merges, name, merged, hours_.checkpoint)
+    classes = {
+        name: ClassHours(entry.total, tuple(by_start[name][at] for at in starts[name]))
+        for name, entry in hours_.classes.items()
+    }
+    return Hours(hours_.checkpoint, classes)
+
+
+def _offer(merges: list[tuple[int, str, int, int]], name: str, bucket: Bucket, by: int) -> None:
+    """Offer a bucket's merge into the next width, if there is one and it ends by `by`."""
+    wider = next((w for w in WIDTHS if w > bucket.width), None)
+    if wider is None:
+        return
+    end = bucket.start - bucket.start % wider + wider
+    if end <= by:
+        heapq.heappush(merges, (end, name, bucket.start, bucket.width))
 
 
 def used_in_windows(
@@ -406,6 +565,10 @@ def spent_message(
 
 # More than a record of the longest window in the narrowest buckets gpuadm writes holds.
 MAX_BUCKETS = 100_000
+# The most a record's text may take: half of what the apiserver lets a ConfigMap hold
+# (1 MiB), so that a record never nears the limit, whatever its namespace ran. `fit` keeps
+# a record within it; the store checks each text against it before writing it.
+RECORD_MAX_BYTES = 512 * 1024
 
 
 class RecordError(ValueError):
@@ -424,6 +587,22 @@ def encode_hours(hours_: Hours) -> dict[str, Any]:
             for name, entry in sorted(hours_.classes.items())
         },
     }
+
+
+def record_bytes(hours_: Hours) -> int:
+    """Return how many bytes `encode_hours` of a record takes as compact JSON."""
+    size = len(f'{{"checkpoint":{hours_.checkpoint},"classes":{{}}}}')
+    for name, entry in hours_.classes.items():
+        buckets = entry.buckets
+        size += len(json.dumps(name, ensure_ascii=False).encode())
+        size += len(f':{{"total":"{entry.total}","buckets":[]}}')
+        size += sum(_bucket_bytes(b) for b in buckets) + max(len(buckets) - 1, 0)
+    return size + max(len(hours_.classes) - 1, 0)
+
+
+def _bucket_bytes(bucket: Bucket) -> int:
+    """Return the bytes of a bucket's text: `[start,width,"seconds"]`."""
+    return len(str(bucket.start)) + len(str(bucket.width)) + len(str(bucket.seconds)) + 6
 
 
 def decode_hours(data: object) -> Hours:
@@ -459,7 +638,7 @@ def _bucket(name: object, raw: object) -> Bucket:
         or len(raw) != 3
         or not all(isinstance(x, int) and not isinstance(x, bool) for x in raw[:2])
         or not 0 <= raw[0] <= LATEST
-        or not 0 < raw[1] <= COARSE_WIDTH
+        or not 0 < raw[1] <= MAX_BUCKET_WIDTH
     ):
         raise RecordError(f"class {name!r}: bucket {raw!r} is not [start, width, seconds]")
     return Bucket(raw[0], raw[1], _amount(name, raw[2]))

@@ -39,6 +39,7 @@ OTHER_REFUSALS = [
     "is written by KAI's binder when it binds a GPU share, to record which GPU the share is",
     "overrides a limit that",
     "as it was made; retry",
+    "cannot vouch for what the namespace used",
     # The end of every guard denial: how an admin lets a GPU stack's own pod through.
     "must be exempt: an admin adds it to the policy's exemptNamespaces "
     "(the Helm value policy.exemptNamespaces)",

@@ -36,6 +36,7 @@ from tests.e2e.installed import (
 )
 from tests.e2e.kubelet import PAUSE_IMAGE
 from tests.support import ROOT
+from webhook.kube.objects import HOURS_RECORD_LABEL, hours_record_name
 
 CHECKPOINT = 2
 BUCKET = 10
@@ -46,11 +47,13 @@ RUN_SECONDS = 16
 PRODUCT = "NVIDIA-H100-80GB-HBM3"
 ENFORCED = "hours"
 QUEUED = "hours-line"
+UNLABELLED = "hours-unlabelled"
 QUOTAS = {
     "mode": "enforce",
     "namespaces": {
         ENFORCED: {"budget": {"h100": BUDGET}},
         QUEUED: {"mode": "queue", "budget": {"h100": BUDGET}},
+        UNLABELLED: {"budget": {"h100": BUDGET}},
     },
 }
 GATE = "gpuadm.io/quota"
@@ -66,7 +69,7 @@ def image() -> Image:
 def installation(image: Image) -> Iterator[Installation]:
     with on_a_real_node(image) as installed:
         _advertise_h100s(installed)
-        for namespace in (ENFORCED, QUEUED):
+        for namespace in (ENFORCED, QUEUED, UNLABELLED):
             installed.make_namespace(namespace)
         values = installed.values(image, QUOTAS)
         values["extraArgs"] = [
@@ -290,3 +293,48 @@ def test_tenants_see_their_budget_on_their_gpuquota(installation: Installation) 
     wait_for(lambda: (shown() or {}).get("status", {}).get("budget") == BUDGET, "the budget")
     status = (shown() or {})["status"]
     assert status["budgetUsed"].endswith("s")  # in the unit the budget is written in
+
+
+def _record_labels(installation: Installation, namespace: str) -> dict[str, str]:
+    """The labels of a namespace's GPU-hour record; none if it has no record yet."""
+    try:
+        record = installation.core.read_namespaced_config_map(
+            hours_record_name(namespace), NAMESPACE
+        )
+    except ApiException:
+        return {}
+    labels: dict[str, str] = record.metadata.labels or {}
+    return labels
+
+
+def test_a_record_that_lost_its_label_still_counts_and_is_labelled_again(
+    installation: Installation,
+) -> None:
+    # A pod spends the budget twice over; once its run is counted, an admin takes the label
+    # off its namespace's record. The record is still found, by its name: the next pod is
+    # refused, not admitted as if nothing had run, and the leader writes the label back.
+    wait_for(lambda: len(installation.ready_pods()) == 3, "3 gpuadm pods Ready")
+    seconds = 24
+    first = _create(installation, UNLABELLED, seconds)
+    wait_for(lambda: _phase(installation, UNLABELLED, first) == "Failed", "the pod's deadline", 60)
+    wait_for(
+        lambda: Fraction(_usage(installation, UNLABELLED)["totalGpuSeconds"]) >= 12,
+        "gpuadm usage to count the pod's run",
+        30,
+    )
+    assert _record_labels(installation, UNLABELLED)[HOURS_RECORD_LABEL] == UNLABELLED
+    installation.core.patch_namespaced_config_map(
+        hours_record_name(UNLABELLED),
+        NAMESPACE,
+        {"metadata": {"labels": {HOURS_RECORD_LABEL: None}}},
+    )
+    assert HOURS_RECORD_LABEL not in _record_labels(installation, UNLABELLED)
+    # Every replica has read the records again since.
+    time.sleep(2 * CHECKPOINT + 1)
+    message = _refusal(installation, UNLABELLED)
+    assert f'namespace "{UNLABELLED}": h100 GPU-hour budget spent: used ' in message
+    wait_for(
+        lambda: _record_labels(installation, UNLABELLED).get(HOURS_RECORD_LABEL) == UNLABELLED,
+        "the leader to write the record's label back",
+        30,
+    )

@@ -4,12 +4,17 @@ verdicts and their messages, and the stored record's text."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 import json
 import re
 from fractions import Fraction as F
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from policies.budget import (
     DAY,
@@ -22,21 +27,27 @@ from policies.budget import (
     parse_budget,
 )
 from policies.gpu_hours import (
+    MAX_BUCKET_WIDTH,
+    RECORD_MAX_BYTES,
     Bucket,
     ClassHours,
     Hours,
     RecordError,
     Run,
     Spending,
+    Tiers,
     accrue,
     compact,
     decode_hours,
     encode_hours,
+    fit,
     judge_budget,
     parse_timestamp,
+    record_bytes,
     run_times,
     running_shares,
     spent_message,
+    tiers,
     timestamp,
 )
 from policies.judge import QuotaVerdict
@@ -271,6 +282,19 @@ def with_conditions(pod: dict[str, Any], *conditions: object) -> dict[str, Any]:
     return pod
 
 
+def started_at(
+    pod_start: int | None, *entries: object, phase: str = "Running", created: int | None = None
+) -> dict[str, Any]:
+    """A pod whose node took it at T0 + pod_start (None: its status does not say)."""
+    pod = statuses(*entries)
+    pod["status"]["phase"] = phase
+    if pod_start is not None:
+        pod["status"]["startTime"] = at(pod_start)
+    if created is not None:
+        pod["metadata"]["creationTimestamp"] = at(created)
+    return pod
+
+
 def running(started: int) -> dict[str, Any]:
     return {"name": "c", "state": {"running": {"startedAt": at(started)}}}
 
@@ -402,6 +426,87 @@ def terminated(started: int, finished: int) -> dict[str, Any]:
             True,
             (10, 10),
             id="garbage-finishes-ignored",
+        ),
+        pytest.param(
+            started_at(
+                5,
+                {
+                    "state": {"running": {"startedAt": at(100)}},
+                    "lastState": {"terminated": terminated(50, 90)},
+                    "restartCount": 2,
+                },
+            ),
+            False,
+            (5, None),
+            id="restarted-twice-starts-at-the-pods-start",
+        ),
+        pytest.param(
+            started_at(
+                5,
+                {
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": terminated(50, 90)},
+                    "restartCount": 1,
+                },
+            ),
+            False,
+            (5, None),
+            id="waiting-after-its-second-run-starts-at-the-pods-start",
+        ),
+        pytest.param(
+            started_at(
+                5,
+                {
+                    "state": {"terminated": terminated(100, 200)},
+                    "lastState": {"terminated": terminated(50, 90)},
+                    "restartCount": 7,
+                },
+                phase="Failed",
+            ),
+            True,
+            (5, 200),
+            id="ended-after-restarts-still-ends-at-the-last-finish",
+        ),
+        pytest.param(
+            started_at(
+                5,
+                {
+                    "state": {"running": {"startedAt": at(100)}},
+                    "lastState": {"terminated": terminated(10, 90)},
+                    "restartCount": 1,
+                },
+            ),
+            False,
+            (10, None),
+            id="restarted-once-shows-its-first-start",
+        ),
+        pytest.param(
+            started_at(5, {"state": {"running": {"startedAt": at(10)}}, "restartCount": 0}),
+            False,
+            (10, None),
+            id="never-restarted-starts-at-its-container",
+        ),
+        pytest.param(
+            started_at(5, {"state": {"waiting": {"reason": "ErrImagePull"}}, "restartCount": 0}),
+            False,
+            (None, None),
+            id="a-started-pod-whose-container-never-ran-ran-for-none",
+        ),
+        pytest.param(
+            started_at(
+                None,
+                {"state": {"running": {"startedAt": at(100)}}, "restartCount": 3},
+                created=2,
+            ),
+            False,
+            (2, None),
+            id="without-a-pod-start-its-creation",
+        ),
+        pytest.param(
+            started_at(None, {"state": {"running": {"startedAt": at(100)}}, "restartCount": True}),
+            False,
+            (100, None),
+            id="garbage-restart-count-ignored",
         ),
     ],
 )
@@ -640,7 +745,8 @@ def test_compact_merges_old_buckets_into_days_and_drops_the_oldest() -> None:
         ),
         t4=usage(40, bucket(3 * DAY, 40)),
     )
-    after = compact(before, now=T0 + now, fine_for=2 * DAY, keep_for=10 * DAY)
+    two_days = Tiers(WIDTH, fine_for=2 * DAY, hourly_for=2 * DAY, keep_for=10 * DAY)
+    after = compact(before, now=T0 + now, tiers=two_days)
     assert after == counted(
         now,
         a100=usage(
@@ -656,7 +762,7 @@ def test_compact_merges_old_buckets_into_days_and_drops_the_oldest() -> None:
         t4=usage(40),
     )
     # Compacting again changes nothing, and the totals keep what was dropped.
-    assert compact(after, now=T0 + now, fine_for=2 * DAY, keep_for=10 * DAY) == after
+    assert compact(after, now=T0 + now, tiers=two_days) == after
     assert after.total("a100") == before.total("a100") == 10_000
     assert after.total("t4") == 40
 
@@ -670,15 +776,232 @@ def test_compaction_changes_no_window_of_at_most_fine_for(hour_of_day: int, wind
     # window (and a bucket) ago are merged. What any window up to that reads, and so every
     # verdict and the moment a budget frees, must stay as it was: a pod of one GPU that ran
     # all along used `window` GPU-seconds in the last `window`, not more.
-    fine_for = 7 * DAY + WIDTH
     now = T0 + 10 * DAY + hour_of_day * HOUR
     runs = [run(0)]
     before = accrue(counted(0), runs, now=now, width=WIDTH)
-    after = compact(before, now=now, fine_for=fine_for, keep_for=30 * DAY)
+    after = compact(before, now=now, tiers=tiers(7 * DAY, WIDTH))
     assert len(after.classes["a100"].buckets) < len(before.classes["a100"].buckets)
     assert before.within("a100", now - window) == window
     assert after.within("a100", now - window) == window
     assert after.total("a100") == before.total("a100") == now - T0
+
+
+@pytest.mark.parametrize(
+    ("longest", "width", "expected"),
+    [
+        pytest.param(0, HOUR, Tiers(HOUR, HOUR, 8 * DAY + HOUR, 35 * DAY), id="no-budget"),
+        pytest.param(
+            7 * DAY, HOUR, Tiers(HOUR, 7 * DAY + HOUR, 8 * DAY + HOUR, 35 * DAY), id="7d-hourly"
+        ),
+        pytest.param(
+            30 * DAY, HOUR, Tiers(HOUR, 30 * DAY + HOUR, 30 * DAY + HOUR, 35 * DAY), id="30d"
+        ),
+        # A thousand hours, 41 days and 16 hours, hour by hour; then day by day.
+        pytest.param(
+            MAX_WINDOW, HOUR, Tiers(HOUR, 1000 * HOUR, 1000 * HOUR, 367 * DAY), id="366d-hourly"
+        ),
+        # A thousand minutes, 16 hours and 40 minutes; then hours to 31 days; then days.
+        pytest.param(
+            MAX_WINDOW, 60, Tiers(60, 60_000, 31 * DAY, 367 * DAY), id="366d-by-the-minute"
+        ),
+        pytest.param(7 * DAY, 60, Tiers(60, 60_000, 8 * DAY + HOUR, 35 * DAY), id="7d-minutes"),
+        pytest.param(30, 10, Tiers(10, 40, 8 * DAY + HOUR, 35 * DAY), id="30s-in-tens"),
+    ],
+)
+def test_tiers_follow_the_namespaces_own_longest_window(
+    longest: int, width: int, expected: Tiers
+) -> None:
+    assert tiers(longest, width) == expected
+
+
+def test_compact_merges_narrow_buckets_into_hours_then_days() -> None:
+    now = 3 * DAY
+    minutes = Tiers(60, fine_for=2 * HOUR, hourly_for=DAY, keep_for=2 * DAY + HOUR)
+    before = counted(
+        now,
+        a100=usage(
+            1000,
+            bucket(DAY - 2 * HOUR, 1, width=60),  # its day ended 2 days ago: merged to it
+            bucket(DAY + 60, 2, width=60),  # its day ended a day ago: merged to it
+            bucket(DAY + 120, 3, width=60),
+            bucket(2 * DAY + HOUR, 4, width=60),  # its hour ended 2 hours ago: to the hour
+            bucket(now - 2 * HOUR - 60, 5, width=60),
+            bucket(now - 2 * HOUR + 60, 6, width=60),  # its hour ended an hour ago: kept
+            bucket(now - 60, 7, width=60),
+        ),
+    )
+    assert compact(before, now=T0 + now, tiers=minutes) == counted(
+        now,
+        a100=usage(
+            1000,
+            bucket(DAY, 5, width=DAY),
+            bucket(2 * DAY + HOUR, 4),
+            bucket(now - 3 * HOUR, 5),
+            bucket(now - 2 * HOUR + 60, 6, width=60),
+            bucket(now - 60, 7, width=60),
+        ),
+    )
+
+
+# A record as the leader writes it for a namespace that ran 16 classes around the clock for
+# the year its budgets look back on, in hourly buckets kept as `tiers` keeps them: some 37
+# KiB of text a class, more than `RECORD_MAX_BYTES` in all.
+YEAR_NOW = T0 + 400 * DAY + 5 * HOUR
+CLASSES = [f"class-{n}" for n in range(16)]
+
+
+@functools.cache
+def _a_year_of_one_gpu() -> ClassHours:
+    shape = tiers(MAX_WINDOW, HOUR)
+    all_along = [Run("team-a", "a100", F(1), YEAR_NOW - MAX_WINDOW - DAY)]
+    counted_ = accrue(Hours(), all_along, now=YEAR_NOW, width=HOUR, since=YEAR_NOW - shape.keep_for)
+    return compact(counted_, now=YEAR_NOW, tiers=shape).classes["a100"]
+
+
+def year_of(classes: list[str]) -> Hours:
+    """The record of pods of `classes` that ran all along, the n-th of (n + 1) / 7 GPUs."""
+    one = _a_year_of_one_gpu()
+    return Hours(
+        YEAR_NOW,
+        {
+            name: ClassHours(
+                one.total * F(n + 1, 7),
+                tuple(Bucket(b.start, b.width, b.seconds * F(n + 1, 7)) for b in one.buckets),
+            )
+            for n, name in enumerate(classes)
+        },
+    )
+
+
+def test_record_bytes_is_the_length_of_the_text() -> None:
+    for record_ in (RECORD, Hours(), year_of(CLASSES[:2]), counted(5, t4=usage(F(1, 3)))):
+        assert record_bytes(record_) == len(orjson.dumps(encode_hours(record_)))
+
+
+def test_fit_leaves_a_record_that_fits_as_it_is() -> None:
+    small = year_of(CLASSES[:1])
+    assert fit(small, max_bytes=RECORD_MAX_BYTES) is small
+    assert fit(small, max_bytes=record_bytes(small)) is small
+
+
+def test_fit_keeps_a_record_within_its_bytes_and_the_recent_windows_as_they_were() -> None:
+    before = year_of(CLASSES)
+    assert record_bytes(before) > RECORD_MAX_BYTES
+    after = fit(before, max_bytes=RECORD_MAX_BYTES)
+    assert record_bytes(after) <= RECORD_MAX_BYTES
+    assert decode_hours(orjson.loads(orjson.dumps(encode_hours(after)))) == after
+    for name in CLASSES:
+        assert after.total(name) == before.total(name)
+        # The oldest time is merged first: what any window of up to 30 days reads, and
+        # what the whole record holds, stays; a window reaching into the merged time
+        # counts no less than it did.
+        for window in (DAY, 30 * DAY, 2 * MAX_WINDOW):
+            assert after.within(name, YEAR_NOW - window) == before.within(name, YEAR_NOW - window)
+        for window in (40 * DAY + 7 * HOUR, 200 * DAY + 13 * HOUR, MAX_WINDOW):
+            assert after.within(name, YEAR_NOW - window) >= before.within(name, YEAR_NOW - window)
+
+
+def test_fit_merges_the_merges_that_end_soonest_first() -> None:
+    now = 10 * DAY
+    before = counted(
+        now,
+        a100=usage(
+            21,
+            bucket(4 * DAY, 1, width=DAY),  # merged with the next into [4d, 6d): it ends first
+            bucket(5 * DAY, 2, width=DAY),
+            bucket(6 * DAY, 3, width=DAY),
+            bucket(9 * DAY, 4),
+            bucket(9 * DAY + HOUR, 5),
+            bucket(now - HOUR, 6),
+        ),
+    )
+    merged_once = counted(
+        now,
+        a100=usage(
+            21,
+            bucket(4 * DAY, 3, width=2 * DAY),
+            bucket(6 * DAY, 3, width=DAY),
+            bucket(9 * DAY, 4),
+            bucket(9 * DAY + HOUR, 5),
+            bucket(now - HOUR, 6),
+        ),
+    )
+    # It stops as soon as the text takes no more than it may.
+    assert fit(before, max_bytes=record_bytes(merged_once)) == merged_once
+
+
+def test_fit_merges_into_a_bucket_that_ends_at_the_checkpoint() -> None:
+    # The checkpoint on a day's edge, and on the edges of 2 and 4 days from the epoch: the
+    # day's hours merge into it, and it into those, which end there too; not into 8 days.
+    now = 10 * DAY
+    before = counted(now, a100=usage(24, *(bucket(9 * DAY + h * HOUR, 1) for h in range(24))))
+    assert fit(before, max_bytes=0) == counted(now, a100=usage(24, bucket(6 * DAY, 24, 4 * DAY)))
+
+
+def test_fit_merges_nothing_past_the_checkpoint_nor_wider_than_it_reads() -> None:
+    # Asked for no bytes at all, fit merges all it may: every bucket into the widest that
+    # ends by the checkpoint. What comes after the last whole day stays as it was, for the
+    # next checkpoint to add to.
+    before = year_of(CLASSES[:1])
+    after = fit(before, max_bytes=0)
+    buckets = after.classes[CLASSES[0]].buckets
+    assert len(buckets) < 40
+    assert all(b.width <= MAX_BUCKET_WIDTH for b in buckets)
+    assert all(a.end <= b.start for a, b in itertools.pairwise(buckets))
+    assert [(b.start, b.width) for b in buckets if b.end > YEAR_NOW - 5 * HOUR] == [
+        (YEAR_NOW - h * HOUR, HOUR) for h in range(5, 0, -1)
+    ]
+    assert decode_hours(orjson.loads(orjson.dumps(encode_hours(after)))) == after
+
+
+@settings(max_examples=200)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(0, 40 * 24 - 1),
+            st.sampled_from([60, HOUR, DAY]),
+            st.integers(0, 10**6),
+        ),
+        max_size=40,
+    ),
+    st.integers(0, 60 * 60),
+    st.integers(0, 2000),
+    st.integers(1, 41 * DAY),
+)
+def test_compact_and_fit_never_count_a_window_less(
+    raw: list[tuple[int, int, int]], extra: int, max_bytes: int, window: int
+) -> None:
+    # Buckets as the leader leaves them: aligned to their width, not overlapping.
+    now = T0 + 40 * DAY + extra
+    by_start: dict[int, Bucket] = {}
+    for hour, width, seconds in raw:
+        start = T0 + hour * HOUR
+        start -= start % width
+        if start + width <= now and not any(
+            b.start < start + width and start < b.end for b in by_start.values()
+        ):
+            by_start[start] = Bucket(start, width, F(seconds))
+    before = Hours(
+        now, {"a100": ClassHours(F(0), tuple(sorted(by_start.values(), key=lambda b: b.start)))}
+    )
+    shape = Tiers(60, fine_for=2 * HOUR, hourly_for=3 * DAY, keep_for=50 * DAY)
+    compacted = compact(before, now=now, tiers=shape)
+    fitted = fit(compacted, max_bytes=max_bytes)
+    begin = now - window
+    assert compacted.within("a100", begin) >= before.within("a100", begin)
+    assert fitted.within("a100", begin) >= compacted.within("a100", begin)
+    if window <= shape.fine_for:
+        assert compacted.within("a100", begin) == before.within("a100", begin)
+    assert fitted.within("a100", 0) == before.within("a100", 0)
+
+
+def test_counting_into_a_bucket_of_another_width_never_ends_usage_sooner() -> None:
+    # Buckets of a minute, then the leader restarted with buckets of an hour: the hour's
+    # usage goes into the minute's bucket of the same start, which then spans the hour.
+    before = counted(60, a100=usage(60, bucket(0, 60, width=60)))
+    after = accrue(before, [run(0)], now=T0 + HOUR, width=HOUR)
+    assert after.classes["a100"].buckets == (bucket(0, HOUR),)
+    assert after.within("a100", T0 + HOUR - 1) == HOUR
 
 
 # --- The window's usage, and when a spent budget frees ------------------------------------
@@ -1312,10 +1635,40 @@ def test_a_run_that_says_it_started_long_ago_fills_no_more_than_since_allows() -
         ),
         pytest.param(
             {"checkpoint": 0, "classes": {"a100": {"total": "1", "buckets": [[0, 10**9, "1"]]}}},
-            id="bucket-wider-than-a-day",
+            id="bucket-wider-than-512-days",
+        ),
+        pytest.param(
+            {
+                "checkpoint": 0,
+                "classes": {"a100": {"total": "1", "buckets": [[0, MAX_BUCKET_WIDTH + 1, "1"]]}},
+            },
+            id="bucket-a-second-wider-than-512-days",
         ),
     ],
 )
 def test_a_record_naming_moments_no_date_can_say_is_refused(bad: dict[str, Any]) -> None:
     with pytest.raises(RecordError):
         decode_hours(bad)
+
+
+# A record as the version before this one wrote it: hourly buckets, and older ones merged
+# into days.
+PREVIOUS_VERSION = (
+    '{"checkpoint":1800064800,"classes":{"a100":{"total":"10801/3","buckets":'
+    '[[1799971200,86400,"3600"],[1800057600,3600,"3600"],[1800061200,3600,"1/3"]]}}}'
+)
+
+
+def test_a_record_the_previous_version_wrote_reads() -> None:
+    assert decode_hours(json.loads(PREVIOUS_VERSION)) == counted(
+        2 * HOUR,
+        a100=usage(
+            F(10801, 3), bucket(-DAY, 3600, width=DAY), bucket(0, 3600), bucket(HOUR, F(1, 3))
+        ),
+    )
+
+
+@pytest.mark.parametrize("width", [1, 60, HOUR, DAY, 2 * DAY, 64 * DAY, MAX_BUCKET_WIDTH])
+def test_a_bucket_of_any_width_fit_merges_to_reads(width: int) -> None:
+    data = {"checkpoint": T0, "classes": {"a100": {"total": "1", "buckets": [[T0, width, "1"]]}}}
+    assert decode_hours(data) == counted(0, a100=usage(1, bucket(0, 1, width=width)))

@@ -9,12 +9,13 @@ in gpuadm's namespace, `webhook.gpu_hours.store`) at every checkpoint, 60 s by d
   the record's last checkpoint, is not in them yet (a checkpoint that counted nothing
   leaves the record, and its COUNTED-TO, as they were);
 - a period is counted in whole buckets: the first bucket it reaches into (1 h wide by
-  default, `serve --gpu-hours-bucket-seconds`; a day wide once older than the longest
-  budget window, or a day) is counted whole, as the budgets count it
-  (`policies.gpu_hours.ClassHours.within`), so a figure may include up to one bucket's
+  default, `serve --gpu-hours-bucket-seconds`; wider further back than the namespace's
+  longest budget window, `policies.gpu_hours.tiers`) is counted whole, as the budgets count
+  it (`policies.gpu_hours.ClassHours.within`), so a figure may include up to one bucket's
   usage from before the period began;
-- the records keep 35 days of buckets (`webhook.gpu_hours.ledger.KEEP_SECONDS`): a longer
-  period counts no more than those; TOTAL never forgets.
+- the records keep 35 days of buckets, or the namespace's longest budget window and a day
+  (`policies.gpu_hours.KEEP_AT_LEAST`): a longer period counts no more than those; TOTAL
+  never forgets.
 
 Budget columns follow the quota config in the cluster (`gpuadm-quotas`), read as `gpuadm
 quota` reads it: BUDGET-USED is the record's usage over the budget's own window; a `*`

@@ -3,11 +3,11 @@
 Every replica keeps the runs of GPU pods its pod watch shows (`runs.RunIndex`) and reads the
 records every `checkpoint_seconds`. The leader, at each checkpoint, counts each namespace's
 runs into its record, from the record's last checkpoint to now (`policies.gpu_hours.accrue`),
-and writes the record with the version it read. So:
+keeps the record small (`compact`, `fit`), and writes it with the version it read. So:
 
-- what a namespace used is its record plus what its runs used since the record's checkpoint
-  (`unrecorded`), and every replica computes the same from the same pods, whether its copy
-  of the record is the newest or one checkpoint old;
+- what a namespace used is its record plus what its runs used since the record's checkpoint,
+  and every replica computes the same from the same pods, whether its copy of the record is
+  the newest or one checkpoint old;
 - a leader that dies between checkpoints loses nothing the next leader's pod watch still
   shows: the next checkpoint counts from the record's. Lost is only the time of a pod that
   ended and was deleted while no replica watched, since the last checkpoint: at most one
@@ -15,8 +15,14 @@ and writes the record with the version it read. So:
 - a write refused because the record moved (a second leader for a moment) counts nothing:
   the next checkpoint reads the record again.
 
-A record that cannot be read is never overwritten and never read as zero: the namespace's
-budgeted classes admit no pods until an admin fixes or deletes it, and the log says so.
+What the ledger cannot vouch for, it does not judge: the namespace's budgeted classes admit
+no pods, saying why, as before the records are read. That is a record that cannot be read
+(never overwritten, never read as zero), and a record left uncounted for longer than
+`stale_seconds` while the namespace's pods ran (the leader cannot write it, or no replica
+leads). A write that fails is an error in the log, `gpuadm_gpu_hours_record_write_failures`,
+and, with every other problem of a record, `gpuadm_gpu_hours_record_problems` and a notice
+on /readyz that leaves the replica ready: every replica sees the same records, so failing
+readiness would take every replica, and all admission, down with them.
 """
 
 from __future__ import annotations
@@ -26,16 +32,21 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
-from policies.budget import DAY, Budget
+from policies.budget import Budget
 from policies.gpu_hours import (
+    RECORD_MAX_BYTES,
     Hours,
     RecordError,
     Spending,
+    Tiers,
     accrue,
     compact,
+    fit,
     judge_budget,
     running_shares,
+    tiers,
     timestamp,
     used_in_windows,
 )
@@ -43,28 +54,34 @@ from policies.judge import QuotaVerdict
 from policies.quotas import ALL_CLASSES, QuotaConfig, budgets_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.gpu_hours.runs import RunIndex
-from webhook.gpu_hours.store import HoursStore, Moved, Stored
+from webhook.gpu_hours.store import HoursStore, Moved, RecordTooLarge, Stored
 from webhook.kube.errors import KubeError
-from webhook.kube.objects import hours_record_name
+from webhook.kube.objects import HOURS_RECORD_LABEL, hours_record_name
 from webhook.observe.readings import HoursReading
+
+if TYPE_CHECKING:
+    from webhook.observe.metrics import Metrics
 
 log = logging.getLogger("gpuadm.gpu_hours")
 
 CHECKPOINT_SECONDS = 60.0
 BUCKET_SECONDS = 3600
-# Showback keeps a month and a bit of usage in day-wide buckets, whatever the budgets.
-KEEP_SECONDS = 35 * DAY
-# A record that cannot be read is logged again this often.
+# A record's problem is logged again this often while it lasts.
 RELOG_SECONDS = 600.0
-# Records are kept hour by hour for at least this long (and the longest budget window):
-# so a budget shortened for a while, then lengthened again, finds its hours still there.
-FINE_SECONDS = 8 * DAY
 # A checkpoint further ahead of this replica's clock than this is not believed: every run
 # would go uncounted until the clock caught up.
 MAX_SKEW_SECONDS = 300
+# A record is stale once this many checkpoints, and a leader's handover, have passed since
+# its checkpoint while its namespace's pods ran: a healthy leader counts every interval.
+STALE_CHECKPOINTS = 3
+# How long a new leader may take to count after the last one stopped: two Lease durations
+# (it takes the Lease over once it has gone a duration unrenewed, trying a fifth as often).
+HANDOVER_SECONDS = 30.0
 
 # Namespaces whose spending is kept between judgements, at most (a few KiB each).
 MAX_KEPT_SPENDINGS = 10_000
+# Namespaces named in the /readyz notice, at most; the metric has every one.
+NOTICE_NAMESPACES = 5
 
 NOT_READ = "gpuadm has not read the GPU-hour records yet, so it cannot judge the budget; retry"
 
@@ -82,22 +99,37 @@ class HoursLedger:
         clock: Callable[[], float] = time.time,
         checkpoint_seconds: float = CHECKPOINT_SECONDS,
         bucket_seconds: int = BUCKET_SECONDS,
-        keep_seconds: int = KEEP_SECONDS,
+        handover_seconds: float = HANDOVER_SECONDS,
+        metrics: Metrics | None = None,
     ) -> None:
         """Count `runs` into records kept in `store` (None: standalone, with no pods and no
-        records). `pods_ready` says whether the pod watch is in sync."""
+        records). `pods_ready` says whether the pod watch is in sync; `handover_seconds` is
+        how long a new leader may take to count after the last one (two Lease durations)."""
         self.runs = runs
         self.store = store
         self.pods_ready = pods_ready
         self.clock = clock
         self.checkpoint_seconds = checkpoint_seconds
         self.bucket_seconds = bucket_seconds
-        self.keep_seconds = keep_seconds
+        self.stale_seconds = int(STALE_CHECKPOINTS * checkpoint_seconds + handover_seconds)
+        self.metrics = metrics
+        # A replica judges a record stale only over time it has watched the pods itself:
+        # at a start, the leader needs a moment to count what ran while no one did.
+        self.since = int(clock())
         self._records: dict[str, Stored] = {}
         self.read_once = store is None
+        # When each namespace's unreadable record, and its failed write, were last logged.
         self._logged: dict[str, float] = {}
-        # Per namespace, its spending as last worked out, and from what (`spending`).
-        self._spent: dict[str, tuple[tuple[int, Stored | None, int], Spending | RecordError]] = {}
+        self._logged_failure: dict[str, float] = {}
+        # Per namespace, its spending as last worked out, and from what (`_work_out`).
+        self._spent: dict[
+            str, tuple[tuple[int, Stored | None, Tiers], Spending | RecordError, str | None]
+        ] = {}
+        # Namespaces whose record this replica, leading, last failed to write, and why.
+        self._unwritten: dict[str, str] = {}
+        # Each namespace's record problems as of the last read or checkpoint (`_review`).
+        self._problems: dict[str, list[str]] = {}
+        runs.counted_to = self._counted_to
 
     # --- every replica --------------------------------------------------------------------
 
@@ -121,7 +153,8 @@ class HoursLedger:
                 self._log_unreadable(namespace, believed)
         self._records = records
         self.read_once = True
-        self.runs.prune(now=self.clock(), counted_to=self._counted_to)
+        self.runs.prune()
+        self._review(now)
 
     def _counted_to(self, namespace: str) -> int:
         """Return the moment a namespace's record counts its runs up to (0: none, or a
@@ -132,19 +165,26 @@ class HoursLedger:
     def spending(self, namespace: str, now: int, quotas: QuotaConfig) -> Spending | RecordError:
         """Return what a namespace used by now (its record, and its runs since the record's
         checkpoint counted as the next checkpoint will), or why its record cannot be read."""
+        return self._work_out(namespace, now, quotas)[0]
+
+    def _work_out(
+        self, namespace: str, now: int, quotas: QuotaConfig
+    ) -> tuple[Spending | RecordError, str | None]:
+        """Return a namespace's spending, and why its record is stale (None: it is not)."""
         stored = self._records.get(namespace)
         # Worked out once a second at most (while the record stays the same): a burst of
         # creates, the releaser and a scrape share it, and a namespace of 10,000 GPU pods
         # costs one pass over them a second, not one per admission. A run that starts or
         # ends within the second is judged from the next one.
-        _, keep_for = self._horizons(quotas)
+        shape = self._tiers(quotas, namespace)
         known = self._spent.get(namespace)
         if known is not None:
-            (at, known_stored, known_keep_for), kept = known
-            if at == now and known_stored is stored and known_keep_for == keep_for:
-                return kept
+            (at, known_stored, known_shape), kept, stale = known
+            if at == now and known_stored is stored and known_shape == shape:
+                return kept, stale
         hours = _believed(stored, now)
         spending: Spending | RecordError
+        stale = None
         if isinstance(hours, RecordError):
             spending = hours
         else:
@@ -153,14 +193,39 @@ class HoursLedger:
                 self.runs.runs(namespace),
                 now=now,
                 width=self.bucket_seconds,
-                since=now - keep_for,
+                since=now - shape.keep_for,
             )
             rates = running_shares(self.runs.runs(namespace), now=now)
             spending = Spending(counted, rates)
+            stale = self._stale(namespace, stored, hours, now)
         if len(self._spent) > MAX_KEPT_SPENDINGS:
             self._spent.clear()
-        self._spent[namespace] = ((now, stored, keep_for), spending)
-        return spending
+        self._spent[namespace] = ((now, stored, shape), spending, stale)
+        return spending, stale
+
+    def _stale(self, namespace: str, stored: Stored | None, hours: Hours, now: int) -> str | None:
+        """Say why a namespace's record cannot be vouched for, if its pods ran in time that
+        no checkpoint has counted for more than `stale_seconds`; else None. A namespace
+        where nothing ran needs no checkpoint, however old its record's is."""
+        begin = max(hours.checkpoint, self.since)
+        end = now - self.stale_seconds
+        if end <= begin or not any(
+            run.started < end and (run.ended is None or run.ended > begin)
+            for run in self.runs.runs(namespace)
+        ):
+            return None
+        name = hours_record_name(namespace)
+        record = (
+            f"has not been written, though its pods have run for more than {self.stale_seconds} s"
+            if stored is None
+            else f"is counted only to {timestamp(hours.checkpoint)}, "
+            f"{now - hours.checkpoint} s ago, though its pods ran since"
+        )
+        return (
+            f'namespace "{namespace}": its GPU-hour record ConfigMap {name} {record}; gpuadm '
+            "cannot vouch for what the namespace used, so it admits no pods of classes with a "
+            "budget here until the record is written again; retry later"
+        )
 
     def recorded_use(self, namespace: str, budgets: Mapping[str, Budget]) -> dict[str, Fraction]:
         """Return, for each budget (a class or `*`), the GPU-seconds the namespace's record
@@ -184,13 +249,15 @@ class HoursLedger:
         if not (self.read_once and self.pods_ready()):
             return QuotaVerdict(False, NOT_READ)
         now = int(self.clock())
-        spending = self.spending(namespace, now, config.quotas)
+        spending, stale = self._work_out(namespace, now, config.quotas)
         if isinstance(spending, RecordError):
             return QuotaVerdict(
                 False,
                 f'namespace "{namespace}": its GPU-hour record {spending}; until then gpuadm '
                 "admits no pods of classes with a budget here",
             )
+        if stale is not None:
+            return QuotaVerdict(False, stale)
         mode = "enforce" if terms.mode == "queue" else terms.mode
         return judge_budget(
             namespace=namespace,
@@ -248,17 +315,63 @@ class HoursLedger:
                 )
         return readings
 
+    def notice(self) -> str | None:
+        """Say which namespaces' records have a problem, for /readyz to show without failing
+        (None: none has)."""
+        if not self._problems:
+            return None
+        named = sorted(self._problems.items())
+        said = ", ".join(
+            f"{ns} ({', '.join(problems)})" for ns, problems in named[:NOTICE_NAMESPACES]
+        )
+        if len(named) > NOTICE_NAMESPACES:
+            said += f" and {len(named) - NOTICE_NAMESPACES} more"
+        return (
+            f"GPU-hour records with a problem: {said}; a namespace whose record is stale or "
+            "unreadable is refused pods of its budgeted classes "
+            "(gpuadm_gpu_hours_record_problems, docs/operations.md#gpu-hour-records)"
+        )
+
+    def _review(self, now: int) -> None:
+        """Work out each namespace's record problems, for the metric and /readyz: unreadable
+        or stale (its budgeted classes are refused), and unwritable (this leader's last
+        write of it failed)."""
+        problems: dict[str, list[str]] = {}
+        for namespace in set(self._records) | set(self.runs.namespaces()) | set(self._unwritten):
+            stored = self._records.get(namespace)
+            hours = _believed(stored, now)
+            found = []
+            if isinstance(hours, RecordError):
+                found.append("unreadable")
+            elif self._stale(namespace, stored, hours, now) is not None:
+                found.append("stale")
+            if namespace in self._unwritten:
+                found.append("unwritable")
+            if found:
+                problems[namespace] = found
+        self._problems = problems
+        if self.metrics is not None:
+            gauge = self.metrics.hours_record_problems
+            gauge.clear()
+            for namespace, kinds in problems.items():
+                for problem in kinds:
+                    gauge.labels(namespace, problem).set(1)
+
     # --- the leader -----------------------------------------------------------------------
 
     async def checkpoint_forever(
         self, quotas: Callable[[], QuotaConfig], progress: Callable[[], None]
     ) -> None:
         """Checkpoint every `checkpoint_seconds` while this replica leads (`LeaderOnly`)."""
-        while True:
-            await asyncio.sleep(self.checkpoint_seconds)
-            if self.pods_ready():
-                await self.checkpoint(quotas())
-                progress()
+        try:
+            while True:
+                await asyncio.sleep(self.checkpoint_seconds)
+                if self.pods_ready():
+                    await self.checkpoint(quotas())
+                    progress()
+        finally:
+            # No longer leading: the next leader's writes are its own.
+            self._unwritten.clear()
 
     async def checkpoint(self, quotas: QuotaConfig) -> int:
         """Count every namespace's runs into its record up to now; return how many records
@@ -267,7 +380,6 @@ class HoursLedger:
             return 0
         records = await self.store.read_all(self._records)
         now = int(self.clock())
-        fine_for, keep_for = self._horizons(quotas)
         written = 0
         for namespace in sorted(set(records) | set(self.runs.namespaces())):
             stored = records.get(namespace)
@@ -275,36 +387,105 @@ class HoursLedger:
             if isinstance(old, RecordError):
                 self._log_unreadable(namespace, old)
                 continue
-            runs = self.runs.runs(namespace)
-            counted = accrue(old, runs, now=now, width=self.bucket_seconds, since=now - keep_for)
-            new = compact(counted, now=now, fine_for=fine_for, keep_for=keep_for)
-            if new.classes == old.classes:
+            new = self._counted(namespace, old, quotas, now)
+            if new.classes == old.classes and (stored is None or stored.labelled):
                 continue  # nothing ran: the record, and its checkpoint, stay as they are
-            try:
-                version = await self.store.write(
-                    namespace, new, None if stored is None else stored.version
-                )
-            except Moved:
-                log.info(
-                    "the GPU-hour record of %s moved; counted at the next checkpoint", namespace
-                )
-                continue
-            except KubeError as error:
-                log.warning("cannot write the GPU-hour record of %s: %s", namespace, error)
-                continue
-            records[namespace] = Stored(namespace, new, version)
-            written += 1
+            found = await self._write(self.store, namespace, new, stored)
+            if found is not None:
+                records[namespace] = found
+                if found.hours is new:
+                    written += 1
         self._records = records
         self.read_once = True
+        self._review(now)
         return written
 
-    def _horizons(self, quotas: QuotaConfig) -> tuple[int, int]:
-        """Return how long buckets stay hour-wide, and how long they are kept: hour by hour
-        for the longest window (8 days at least), so that no window judged ever counts a
-        day-wide bucket (`compact`); kept a day past that at least, and no run is counted
-        further back (`accrue`'s `since`), by a judgement or a checkpoint alike."""
-        fine_for = max(quotas.longest_window(), FINE_SECONDS) + self.bucket_seconds
-        return fine_for, max(self.keep_seconds, fine_for + DAY)
+    def _counted(self, namespace: str, old: Hours, quotas: QuotaConfig, now: int) -> Hours:
+        """Return a namespace's record with its runs counted to now, kept small."""
+        shape = self._tiers(quotas, namespace)
+        runs = self.runs.runs(namespace)
+        counted = accrue(old, runs, now=now, width=self.bucket_seconds, since=now - shape.keep_for)
+        return fit(compact(counted, now=now, tiers=shape), max_bytes=RECORD_MAX_BYTES)
+
+    async def _write(
+        self, store: HoursStore, namespace: str, new: Hours, stored: Stored | None
+    ) -> Stored | None:
+        """Write a namespace's record; return the record now in force (None: as it was)."""
+        try:
+            version = await store.write(namespace, new, None if stored is None else stored.version)
+        except Moved:
+            if stored is None:
+                return await self._created_meanwhile(store, namespace)
+            log.info("the GPU-hour record of %s moved; counted at the next checkpoint", namespace)
+            return None
+        except RecordTooLarge as error:
+            self._failed(namespace, "too_large", str(error))
+            return None
+        except KubeError as error:
+            # The apiserver refuses a ConfigMap over 1 MiB with 422 (413 past its body limit).
+            self._failed(
+                namespace, "too_large" if error.status in (413, 422) else "apiserver", str(error)
+            )
+            return None
+        if stored is not None and not stored.labelled:
+            log.warning(
+                "the GPU-hour record ConfigMap %s had lost its labels (%s: %s); written back "
+                "with them",
+                hours_record_name(namespace),
+                HOURS_RECORD_LABEL,
+                namespace,
+            )
+        if self._unwritten.pop(namespace, None) is not None:
+            log.info("the GPU-hour record of %s is written again", namespace)
+        return Stored(namespace, new, version)
+
+    async def _created_meanwhile(self, store: HoursStore, namespace: str) -> Stored | None:
+        """Read, by its name, a record created since the list that showed none: the next
+        checkpoint counts into it. One that cannot be read refuses its namespace's
+        budgeted classes, as any does."""
+        try:
+            found = await store.read_one(namespace)
+        except KubeError as error:
+            self._failed(namespace, "apiserver", f"created meanwhile, and cannot be read: {error}")
+            return None
+        if found is None:
+            log.info(
+                "the GPU-hour record of %s came and went; counted at the next checkpoint", namespace
+            )
+        elif isinstance(found.hours, RecordError):
+            self._log_unreadable(namespace, found.hours)
+        else:
+            log.warning(
+                "the GPU-hour record of %s was created meanwhile by another writer; counted "
+                "into at the next checkpoint",
+                namespace,
+            )
+        return found
+
+    def _failed(self, namespace: str, reason: str, why: str) -> None:
+        """Say, loudly, that a namespace's record could not be written."""
+        if self.metrics is not None:
+            self.metrics.hours_record_write_failures.labels(reason).inc()
+        self._unwritten[namespace] = reason
+        now = self.clock()
+        if now - self._logged_failure.get(namespace, float("-inf")) >= RELOG_SECONDS:
+            self._logged_failure[namespace] = now
+            log.error(
+                "cannot write the GPU-hour record of namespace %s (%s): %s. Its pods' time "
+                "stays uncounted in memory until a write succeeds; once the record is %d s "
+                "behind while its pods run, its budgeted classes are refused",
+                namespace,
+                reason,
+                why,
+                self.stale_seconds,
+            )
+
+    def _tiers(self, quotas: QuotaConfig, namespace: str) -> Tiers:
+        """Return how a namespace's record keeps its buckets: fine for its own longest
+        budget window, and no run counted further back than it keeps (`accrue`'s `since`),
+        by a judgement or a checkpoint alike."""
+        longest = max((b.window for b in quotas.budgets_for(namespace).values()), default=0)
+        return tiers(longest, self.bucket_seconds)
 
     def _log_unreadable(self, namespace: str, error: RecordError) -> None:
         now = self.clock()

@@ -278,6 +278,28 @@ class Metrics:
             "GPU pods in the usage index.",
             registry=r,
         )
+        self.hours_record_write_failures = Counter(
+            "gpuadm_gpu_hours_record_write_failures",
+            "GPU-hour record writes the leader could not make, by reason: too_large (over "
+            "gpuadm's 512 KiB, or refused by the apiserver as too long), apiserver (any other "
+            "error). The namespace's time stays uncounted in memory until a write succeeds.",
+            ["reason"],
+            registry=r,
+        )
+        self.hours_record_problems = Gauge(
+            "gpuadm_gpu_hours_record_problems",
+            "1 for each namespace whose GPU-hour record has a problem: unreadable or stale "
+            "(its budgeted classes are refused), or unwritable (the leader's last write of it "
+            "failed).",
+            ["namespace", "problem"],
+            registry=r,
+        )
+        self.hours_runs_dropped = Counter(
+            "gpuadm_gpu_hours_runs_dropped",
+            "Ended GPU pod runs dropped uncounted because more than 100,000 waited for their "
+            "records to be written: GPU time lost to the count.",
+            registry=r,
+        )
         self.queue_releases = Counter(
             "gpuadm_queue_releases",
             "Waiting pods released: charged to their namespace's quota and ungated.",

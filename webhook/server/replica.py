@@ -120,7 +120,7 @@ def cluster_app(
     metrics = Metrics()
     holder = ConfigHolder(metrics=metrics)
     usage = UsageIndex()
-    runs = RunIndex()
+    runs = RunIndex(metrics=metrics)
     pods = PodWatcher(api, usage, holder, metrics, followers=(runs,))
     hours = HoursLedger(
         runs,
@@ -128,6 +128,10 @@ def cluster_app(
         pods_ready=pods.ready,
         checkpoint_seconds=settings.gpu_hours_checkpoint_seconds,
         bucket_seconds=settings.gpu_hours_bucket_seconds,
+        # A new leader takes the Lease over once it went unrenewed for its duration, and
+        # tries a fifth as often: within two durations of the last leader's checkpoint.
+        handover_seconds=2 * settings.lease_seconds,
+        metrics=metrics,
     )
     metrics.watch_hours(lambda: hours.readings(holder.current.quotas) if holder.loaded else [])
     config = ConfigMapSource(
@@ -247,6 +251,8 @@ def cluster_app(
             *extra,
         ],
         readiness=[config.not_ready_reason, pods.not_ready_reason],
+        # A record every replica reads alike: failing readiness for it would take them all.
+        notices=[hours.notice],
     )
 
 

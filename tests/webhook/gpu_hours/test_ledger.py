@@ -3,23 +3,20 @@ an apiserver that refuses stale writes, and the budget judged from them."""
 
 from __future__ import annotations
 
-import copy
 from fractions import Fraction as F
 from typing import Any
 
-import orjson
 import pytest
 
-from policies.gpu_hours import Hours, Run, decode_hours
+from policies.gpu_hours import Hours, Run
 from tests.builders import POLICY_YAML, container
+from tests.webhook.gpu_hours.apiserver import ConfigMaps
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.gpu_hours.ledger import NOT_READ, HoursLedger
 from webhook.gpu_hours.runs import RunIndex
 from webhook.gpu_hours.store import HoursStore, Moved
-from webhook.kube.endpoint import Endpoint
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import HOURS_DATA_KEY, HOURS_RECORD_LABEL, Page, hours_record_name
-from webhook.kube.rest import AsyncApi
 
 QUOTAS = """
 mode: enforce
@@ -29,50 +26,6 @@ namespaces:
   team-q: {mode: queue, budget: {h100: 100s/1h}}
   team-s: {budget: {"*": 100s/1h}}
 """
-
-
-class ConfigMaps(AsyncApi):
-    """An apiserver's ConfigMaps in memory: versions, 409 on a stale write or a second
-    create, and label-selected lists."""
-
-    def __init__(self) -> None:
-        super().__init__(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
-        self.objects: dict[str, dict[str, Any]] = {}
-        self.version = 0
-        self.writes = 0
-
-    def _store(self, body: dict[str, Any]) -> dict[str, Any]:
-        self.version += 1
-        self.writes += 1
-        stored = copy.deepcopy(body)
-        stored["metadata"]["resourceVersion"] = str(self.version)
-        self.objects[body["metadata"]["name"]] = stored
-        return copy.deepcopy(stored)
-
-    async def create_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        if body["metadata"]["name"] in self.objects:
-            raise KubeError(409, "already exists")
-        return self._store(body)
-
-    async def replace_configmap(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
-        found = self.objects.get(body["metadata"]["name"])
-        if found is None or found["metadata"]["resourceVersion"] != body["metadata"].get(
-            "resourceVersion"
-        ):
-            raise KubeError(409, "the object has been modified")
-        return self._store(body)
-
-    async def list_configmaps(self, namespace: str, label_selector: str) -> Page:
-        items = [
-            copy.deepcopy(o)
-            for o in self.objects.values()
-            if label_selector in (o["metadata"].get("labels") or {})
-        ]
-        return Page(items, str(self.version), None)
-
-    def hours(self, namespace: str) -> Hours:
-        data = self.objects[hours_record_name(namespace)]["data"][HOURS_DATA_KEY]
-        return decode_hours(orjson.loads(data))
 
 
 class Clock:
@@ -284,7 +237,7 @@ async def test_a_failed_list_is_raised_for_the_supervisor() -> None:
 
 
 def test_a_pod_as_the_watch_shows_it_becomes_a_run_from_its_first_start() -> None:
-    runs = RunIndex(keep_ended=100)
+    runs = RunIndex(clock=lambda: 2000)
     snapshot = config()
     body: dict[str, Any] = {
         "metadata": {"uid": "u1", "name": "train", "namespace": "team-a"},
@@ -302,9 +255,12 @@ def test_a_pod_as_the_watch_shows_it_becomes_a_run_from_its_first_start() -> Non
     assert list(runs.runs("team-a")) == [Run("team-a", "h100", F(1), 1010, None, "train")]
     runs.deleted("u1", now=1100)
     assert next(runs.runs("team-a")).ended == 1100
-    runs.prune(now=1150)
+    # An ended run stays until its namespace's record is counted past its end, however long.
+    runs.counted_to = lambda namespace: 1099
+    runs.prune()
     assert len(runs) == 1
-    runs.prune(now=1201)
+    runs.counted_to = lambda namespace: 1100
+    runs.prune()
     assert len(runs) == 0
 
 
@@ -346,7 +302,7 @@ async def test_a_change_of_runs_is_judged_from_the_next_second() -> None:
 
 
 async def test_an_ended_run_is_kept_until_a_checkpoint_has_counted_it() -> None:
-    api, runs, clock = ConfigMaps(), RunIndex(keep_ended=10_000), Clock(1000)
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
     runs.replace([("u1", running("team-a", 900, ended=990))])
     hours = ledger(api, runs, clock)
     await hours.read()  # no record yet: nothing counted it
@@ -426,7 +382,7 @@ async def test_records_unchanged_since_the_last_read_are_not_decoded_again() -> 
 
 
 async def test_ended_runs_stay_while_the_record_is_counted_to_a_moment_not_believed() -> None:
-    api, runs, clock = ConfigMaps(), RunIndex(keep_ended=10_000), Clock(1000)
+    api, runs, clock = ConfigMaps(), RunIndex(), Clock(1000)
     await HoursStore(api, "gpuadm-system").write("team-a", Hours(10**9), None)
     runs.replace([("u1", running("team-a", 900, ended=990))])
     hours = ledger(api, runs, clock)
