@@ -15,6 +15,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kubernetes.client
 import pytest
@@ -341,15 +342,31 @@ def _anchors(markdown: str) -> set[str]:
     }
 
 
-def test_every_alert_has_a_severity_a_summary_and_a_runbook_in_operations_md() -> None:
+def _runbook_base() -> str:
+    """The chart's default runbookBaseURL: the project's docs, where the rules file points."""
+    values = yaml.safe_load((REPO / "deploy" / "helm" / "gpuadm" / "values.yaml").read_text())
+    base: str = values["monitoring"]["prometheusRule"]["runbookBaseURL"]
+    return base
+
+
+def check_runbook_urls(rules: Obj, base: str) -> None:
+    """Each alert links, absolutely, to <base>/docs/operations.md#<its name>, a heading there."""
     anchors = _anchors(OPERATIONS.read_text())
+    for rule in (rule for group in rules["groups"] for rule in group["rules"]):
+        name, url = rule["alert"], rule["annotations"]["runbook_url"]
+        parsed = urlsplit(url)
+        assert (parsed.scheme in {"http", "https"}, bool(parsed.netloc)) == (True, True), url
+        assert url == f"{base}/docs/operations.md#{name.lower()}", name
+        assert parsed.fragment in anchors, f"docs/operations.md has no heading {name}"
+
+
+def test_every_alert_has_a_severity_a_summary_and_a_runbook_in_operations_md() -> None:
+    assert urlsplit(_runbook_base()).scheme == "https"
     for rule in alerting_rules():
         name = rule["alert"]
         assert rule["labels"]["severity"] in {"critical", "warning", "info"}, name
-        annotations = rule["annotations"]
-        assert set(annotations) == {"summary", "description", "runbook_url"}, name
-        assert annotations["runbook_url"] == f"docs/operations.md#{name.lower()}"
-        assert name.lower() in anchors, f"docs/operations.md has no heading {name}"
+        assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}, name
+    check_runbook_urls(load_rules(), _runbook_base())
 
 
 def test_kustomize_prometheus_rule_holds_the_rules_file() -> None:
@@ -538,7 +555,7 @@ def test_helm_monitoring_follows_the_release_namespace(render: Render) -> None:
 
 
 def test_helm_monitoring_values(render: Render) -> None:
-    base = "https://git.example.com/gpuadm/blob/v0.1.0/"
+    base = "https://git.example.com/gpuadm/blob/v0.1.0"
     rendered = helm_monitoring(
         render,
         "--set",
@@ -550,7 +567,7 @@ def test_helm_monitoring_values(render: Render) -> None:
         "--set",
         "monitoring.prometheusRule.labels.release=kps",
         "--set",
-        f"monitoring.prometheusRule.runbookBaseURL={base}",
+        f"monitoring.prometheusRule.runbookBaseURL={base}/",
         "--set",
         "monitoring.dashboard.namespace=grafana",
         "--set",
@@ -566,11 +583,26 @@ def test_helm_monitoring_values(render: Render) -> None:
     expected = load_rules()
     for group in expected["groups"]:
         for each in group["rules"]:
-            each["annotations"]["runbook_url"] = base + each["annotations"]["runbook_url"]
+            each["annotations"]["runbook_url"] = each["annotations"]["runbook_url"].replace(
+                _runbook_base(), base
+            )
     assert rule["spec"] == expected
+    check_runbook_urls(rule["spec"], base)
     dashboard = rendered.one("ConfigMap", "gpuadm-dashboard")
     assert dashboard["metadata"]["namespace"] == "grafana"
     assert dashboard["metadata"]["annotations"] == {"grafana_folder": "GPUs"}
+
+
+def test_helm_runbook_urls_are_absolute(render: Render) -> None:
+    """By default at the project's docs; a base of the admin's own, with or without its
+    trailing slash, replaces it; a relative base is refused."""
+    check_runbook_urls(helm_monitoring(render).one("PrometheusRule")["spec"], _runbook_base())
+    for given in ("http://docs.internal:8080/gpuadm", "http://docs.internal:8080/gpuadm/"):
+        rule = helm_monitoring(render, "--set", f"monitoring.prometheusRule.runbookBaseURL={given}")
+        check_runbook_urls(rule.one("PrometheusRule")["spec"], "http://docs.internal:8080/gpuadm")
+    for relative in ("docs", "", "/gpuadm"):
+        with pytest.raises(AssertionError, match="does not match pattern"):
+            render("helm", *ALL_ON, "--set", f"monitoring.prometheusRule.runbookBaseURL={relative}")
 
 
 def test_kustomize_monitoring_matches_helm(tools: dict[str, Path], render: Render) -> None:
