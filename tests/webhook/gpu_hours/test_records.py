@@ -16,6 +16,7 @@ from policies.gpu_hours import Hours, Run, encode_hours
 from tests.builders import POLICY_YAML
 from tests.webhook.calls import MakeClient
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
+from tests.webhook.gpu_hours.test_ledger import Clock
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.gpu_hours import store as store_module
 from webhook.gpu_hours.ledger import HoursLedger
@@ -36,14 +37,6 @@ namespaces:
 T = 1_800_000_000
 # Three checkpoints of 60 s and a handover of 30 s.
 STALE = 210
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def config() -> ConfigSnapshot:

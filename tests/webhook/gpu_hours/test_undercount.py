@@ -11,6 +11,7 @@ from policies.budget import DAY, HOUR
 from policies.gpu_hours import Run, timestamp
 from tests.builders import POLICY_YAML, container
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
+from tests.webhook.gpu_hours.test_ledger import Clock
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.gpu_hours.ledger import HoursLedger
 from webhook.gpu_hours.runs import RunIndex
@@ -19,14 +20,6 @@ from webhook.kube.objects import HOURS_RECORD_LABEL, hours_record_name
 
 # A day's edge: 2027-01-16T00:00:00Z.
 T = 20834 * DAY
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def snapshot(quotas: str) -> ConfigSnapshot:
