@@ -99,7 +99,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="{60,300,600,900,1800,3600}",
         help="the grain of the GPU-hour records: a budget's window counts whole buckets, so "
         "it may count up to this much of usage just before it (default 3600; 10 and 30 are "
-        "for tests with windows of seconds: a day of them would not fit a record)",
+        "for tests with windows of seconds: at most 1,000 buckets this narrow are kept, "
+        "older time in wider ones)",
     )
     serve.add_argument(
         "--shutdown-delay-seconds",
