@@ -205,7 +205,7 @@ async def record_size(creator: PodCreator) -> int:
         if answer.status == 404:
             return 0
         found: dict[str, Any] = orjson.loads(await answer.read())
-    return len(orjson.loads((found.get("data") or {}).get(DATA_KEY) or "{}"))
+    return len(orjson.loads((found.get("data") or {}).get(DATA_KEY) or "[]"))
 
 
 async def apiserver_body_sizes(creator: PodCreator) -> dict[str, float]:

@@ -21,7 +21,6 @@ from kubernetes.client.exceptions import ApiException
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.gpuadm import (
-    DROP_SHOWN,
     NAMESPACE,
     SCHEDULER_NAMES,
     Balancer,
@@ -117,7 +116,7 @@ def restarted_with(deployment: Deployment, args: Sequence[str], what: str) -> It
         yield deployment
     finally:
         for process in deployment.processes:
-            process.restart(DROP_SHOWN)
+            process.restart(())
         for process in deployment.processes:
             wait_until(process.ready, "a replica back as it was", process.log_tail)
         deployment.route(len(deployment.processes))

@@ -31,9 +31,6 @@ from webhook.config.snapshot import revision_of
 DEPLOY_BASE = ROOT / "deploy" / "base"
 NAMESPACE = "gpuadm-system"
 LEASE_SECONDS = 3
-# The suite runs its replicas as a cluster runs them once every replica honours the usage
-# record's mark: reservations leave the record once their pods are shown (docs/quota.md).
-DROP_SHOWN = ("--drop-shown-reservations",)
 # Every scheduler a backend sends pods to; one kube-scheduler serves them all as profiles.
 SCHEDULER_NAMES = ("default-scheduler", "hami-scheduler", "volcano", "kai-scheduler")
 
@@ -56,7 +53,7 @@ class GpuadmProcess:
         workdir: Path,
         index: int,
         *,
-        extra_args: Sequence[str] = DROP_SHOWN,
+        extra_args: Sequence[str] = (),
     ) -> None:
         """Run replica `index`; `extra_args` go after the suite's own arguments."""
         self.port = free_port()

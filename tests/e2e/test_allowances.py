@@ -1,5 +1,5 @@
-"""Room set aside for replicas (`gpuadm serve --quota-allowances`) on a real apiserver: the
-quota fills exactly with admissions that write nothing, and a replica killed while holding
+"""Room set aside for replicas (`webhook.quota.allowances`) on a real apiserver: the quota
+fills exactly with admissions that write nothing, and a replica killed while holding
 room never lets more in than fit."""
 
 from __future__ import annotations
@@ -10,7 +10,6 @@ import signal
 import ssl
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import aiohttp
@@ -20,22 +19,20 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import Deployment, pod_body, restarted_with
-from tests.e2e.gpuadm import DROP_SHOWN, NAMESPACE, GpuadmProcess, wait_until
+from tests.e2e.fixtures import Deployment, pod_body
+from tests.e2e.gpuadm import NAMESPACE, GpuadmProcess, wait_until
 from tests.e2e.test_quota import create_retrying, quota
 from webhook.quota.allowances import ALLOWANCE_SECONDS
 from webhook.quota.book import RESERVATION_TTL
 from webhook.quota.configmap_store import ALLOWANCES_KEY, record_name
 
-ASIDE = (*DROP_SHOWN, "--quota-allowances")
 ADMITTED_ASIDE = "gpuadm_quota_admitted_from_room_aside_total"
 
 
 @pytest.fixture(scope="module")
-def aside(gpuadm: Deployment) -> Iterator[Deployment]:
-    """The suite's three replicas, restarted with room set aside; as they were after."""
-    with restarted_with(gpuadm, ASIDE, "with room aside") as restarted:
-        yield restarted
+def aside(gpuadm: Deployment) -> Deployment:
+    """The suite's three replicas, which set room aside as every replica does."""
+    return gpuadm
 
 
 def holding(core: kubernetes.client.CoreV1Api, namespace: str) -> list[str]:

@@ -390,7 +390,7 @@ def reserved(gpuadm: Deployment, namespace: str) -> set[str]:
         if error.status == 404:
             return set()
         raise
-    return set(orjson.loads((record.data or {}).get(DATA_KEY) or "{}"))
+    return {str(entry["uid"]) for entry in orjson.loads((record.data or {}).get(DATA_KEY) or "[]")}
 
 
 async def create_retrying(

@@ -67,23 +67,6 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "can delay releases (default 15, at least 1)",
     )
     serve.add_argument(
-        "--drop-shown-reservations",
-        action="store_true",
-        help="in a cluster: take a reservation out of its namespace's usage record as soon as "
-        "this replica's pod watch shows the pod, so that a write carries only the pods in "
-        "flight, not every admission of the last 90 s; turn it on only once no replica runs a "
-        "version older than this one, which all honour the record's watermark (default off)",
-    )
-    serve.add_argument(
-        "--quota-allowances",
-        action="store_true",
-        help="in a cluster: with each write of a namespace's usage record for an admission in "
-        "enforce mode, set half of the room left aside for this replica, and admit the pods "
-        "that fit in it without writing the record again (a replica killed holding room "
-        "leaves it held for up to 92 s); turn it on only once no replica runs a version "
-        "older than this one, which all count room set aside (default off)",
-    )
-    serve.add_argument(
         "--gpu-hours-checkpoint-seconds",
         type=flags.seconds_between(1, 3600),
         default=60.0,
@@ -196,8 +179,6 @@ def run(args: argparse.Namespace) -> ExitCode:
         trusted_user=args.trusted_user or f"system:serviceaccount:{args.gpuadm_namespace}:gpuadm",
         claim_controllers=tuple(args.claim_controller_user or CLAIM_CONTROLLERS),
         lease_seconds=args.lease_seconds,
-        drop_shown_reservations=args.drop_shown_reservations,
-        quota_allowances=args.quota_allowances,
         gpu_hours_checkpoint_seconds=args.gpu_hours_checkpoint_seconds,
         gpu_hours_bucket_seconds=args.gpu_hours_bucket_seconds,
         identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",

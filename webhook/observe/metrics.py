@@ -264,7 +264,7 @@ class Metrics:
         self.admitted_aside = Counter(
             "gpuadm_quota_admitted_from_room_aside",
             "Admissions under quota judged from the room set aside for this replica, without "
-            "a write of the usage record (gpuadm serve --quota-allowances).",
+            "a write of the usage record.",
             registry=r,
         )
         self.record_bytes_written = Counter(

@@ -16,10 +16,11 @@ burst of creates in one namespace costs a few writes, not one per pod.
 
 A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`).
 
-With allowances (`webhook.quota.allowances`), a write for an admission in enforce mode also
-sets half of the room left aside for this replica, and the admissions after it that fit in
-that room are judged without a write at all. One that does not fit only because other
-replicas hold room aside waits for them to give it back, for `WAIT_SECONDS` at most.
+In a cluster, a write for an admission in enforce mode also sets half of the room left
+aside for this replica (`webhook.quota.allowances`), and the admissions after it that fit in
+that room are judged without a write at all (`webhook.quota.aside`). One that does not fit
+only because other replicas hold room aside waits for them to give it back, for
+`WAIT_SECONDS` at most.
 """
 
 from __future__ import annotations
@@ -28,22 +29,30 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge, never_fits, room_to_set_aside
+from policies.judge import QuotaVerdict, judge, room_to_set_aside
 from policies.queue import is_gated, may_gate
 from policies.quotas import Terms, budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
+from webhook.quota.aside import (
+    Waits,
+    admit_from_aside,
+    fits_without,
+    held_aside,
+    waits,
+    would_wait,
+)
 from webhook.quota.book import NOT_IN_SYNC, NotInSync, RecordBusy, ReservationBook
-from webhook.quota.line import QueueLine, held_in_line
+from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
-from webhook.quota.reservations import RecordFull, Reservation
+from webhook.quota.reservations import RecordFull, Reservation, UnreadableRecord
+from webhook.quota.verdicts import never_fitting, reservation_key, when_full, without
 from webhook.reviews.request import AdmissionRequest
 
 log = logging.getLogger("gpuadm.quota")
@@ -117,7 +126,7 @@ class AdmissionJudge:
             )
         if not limits_on(plan.class_name, limits):
             return None
-        if gated and (never := _never_fits(namespace, plan, limits)) is not None:
+        if gated and (never := never_fitting(namespace, plan, limits)) is not None:
             return never
         if not self.usage_ready():
             return QuotaVerdict(False, NOT_IN_SYNC)
@@ -129,7 +138,7 @@ class AdmissionJudge:
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
         if mode == "enforce" and not request.dry_run:
-            granted = self._from_allowance(request, plan, terms)
+            granted = admit_from_aside(self.book, request, plan, terms, reservation_key(request))
             if granted is not None:
                 return granted
         pending = _Pending(request, plan, config, terms, gated)
@@ -152,42 +161,6 @@ class AdmissionJudge:
             )
         return verdict
 
-    def _from_allowance(
-        self, request: AdmissionRequest, plan: Plan, terms: Terms
-    ) -> QuotaVerdict | None:
-        """Admit a pod from the room this replica holds aside in its namespace, without a
-        write; None if it holds too little (the pod is then judged with a write)."""
-        book = self.book
-        allowances = book.allowances
-        namespace = request.namespace
-        remaining = allowances.remaining(namespace)
-        class_name = plan.class_name
-        assert class_name is not None
-        key = _reservation_key(request)
-        again = key in allowances.pending(namespace)  # a retried request: not charged twice
-        if not again and remaining.get(class_name, ZERO) < plan.charge:
-            return None
-        # What the namespace holds but this replica's own room aside: the pod must fit the
-        # limits in force now too (a limit may have been lowered since the room was).
-        in_use = book.in_use(namespace)
-        for name, amount in remaining.items():
-            in_use[name] = in_use.get(name, ZERO) - amount
-        verdict = judge(
-            namespace=namespace,
-            class_name=class_name,
-            requested=plan.charge,
-            in_use=in_use,
-            limits=terms.limits,
-            mode="enforce",
-        )
-        if not verdict.allowed:
-            return None
-        made = Reservation(class_name, plan.charge, book.clock(), request.pod_name)
-        if not allowances.grant(namespace, key, made, terms.limits):
-            return None
-        book.counted_aside()
-        return verdict
-
     def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
@@ -207,7 +180,7 @@ class AdmissionJudge:
             return None
         if not (limits_on(class_name, terms.limits) or budgets_on(class_name, terms.budgets)):
             return None
-        never = _never_fits(namespace, plan, terms.limits)
+        never = never_fitting(namespace, plan, terms.limits)
         return never if never is not None else QuotaVerdict(True, queued=True)
 
     async def _commit(self, namespace: str) -> None:
@@ -233,15 +206,19 @@ class AdmissionJudge:
             )
             deadline = time.monotonic() - WAIT_SECONDS
             for pending, verdict in zip(batch, verdicts, strict=True):
-                if isinstance(verdict, _Waits) and pending.since > deadline:
+                if isinstance(verdict, Waits) and pending.since > deadline:
                     waiting.append(pending)
-                elif isinstance(verdict, _Waits):
-                    pending.verdict.set_result(_held_aside(verdict))
+                elif isinstance(verdict, Waits):
+                    pending.verdict.set_result(held_aside(verdict))
                 else:
                     pending.verdict.set_result(verdict)
         except RecordBusy as busy:
             for pending in batch:
                 pending.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
+        except UnreadableRecord as unreadable:  # a later version's, or not gpuadm's: hands off
+            log.error("%s", unreadable.detail)
+            for pending in batch:
+                pending.verdict.set_result(QuotaVerdict(False, f"{unreadable.detail}; retry"))
         except NotInSync as behind:  # its watch lags: judged late or not at all, never short
             log.warning("%s", behind.detail)
             for pending in batch:
@@ -264,7 +241,7 @@ class AdmissionJudge:
         This replica's room aside goes back to the namespace first, so that the batch may
         use it; with allowances, what is left after the batch is set aside anew. An
         admission that does not fit only because of other replicas' room aside is judged
-        `_Waits`."""
+        `Waits`."""
         book = self.book
         record = await book.read_copy(namespace)
         await book.catch_up(namespace, record)
@@ -287,11 +264,11 @@ class AdmissionJudge:
         for pending in batch:
             class_name = pending.plan.class_name
             assert class_name is not None
-            key = _reservation_key(pending.request)
+            key = reservation_key(pending.request)
             # A pod judged again (a retried request) is not counted against itself.
             own = reservations.get(key)
             counted = own is not None and self.book.counts(key, own)
-            in_use = _without(totals, own) if own is not None and counted else totals
+            in_use = without(totals, own) if own is not None and counted else totals
             if pending.gated:
                 verdict = joining.judge(
                     pending.request,
@@ -315,12 +292,14 @@ class AdmissionJudge:
                 # what a create would meet.
                 dry_run = pending.request.dry_run
                 held_back = (
-                    not verdict.allowed and others and _fits_without(pending, in_use, others)
+                    not verdict.allowed
+                    and others
+                    and fits_without(pending.request, pending.plan, pending.terms, in_use, others)
                 )
                 if held_back and dry_run:  # what a create would meet: a wait, then room
-                    verdict = _would_wait(verdict)
+                    verdict = would_wait(verdict)
                 elif held_back:
-                    verdict = _Waits(*_fields(verdict))
+                    verdict = waits(verdict)
                 elif pending.terms.mode == "enforce" and not dry_run:
                     # The most one admission of the class asked for: room aside smaller
                     # than that would only keep such pods from the other replicas.
@@ -339,11 +318,11 @@ class AdmissionJudge:
         # A pod that waits for room others hold says so in the record, and then no replica
         # sets room aside until it is judged again: what they give back stays free for it.
         allowances = book.allowances
-        waits = any(isinstance(verdict, _Waits) for verdict in verdicts)
-        tell = allowances.wait(namespace, now + WAIT_SECONDS) if waits else False
-        if not waits:
+        waiting = any(isinstance(verdict, Waits) for verdict in verdicts)
+        tell = allowances.wait(namespace, now + WAIT_SECONDS) if waiting else False
+        if not waiting:
             allowances.waited(namespace)
-        may_take = allowances.enabled and not waits
+        may_take = allowances.enabled and not waiting
         if may_take and allowances.others_wait(record.allowances, now):
             may_take = False
         terms = batch[-1].terms
@@ -356,7 +335,13 @@ class AdmissionJudge:
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
                 self._log_full(namespace, full)
                 return [
-                    _when_full(pending, verdict, full)
+                    when_full(
+                        pending.request,
+                        pending.gated,
+                        pending.config.policy.quota_gate,
+                        verdict,
+                        full,
+                    )
                     for pending, verdict in zip(batch, verdicts, strict=True)
                 ]
         else:  # dry runs and refusals only: the room aside serves on
@@ -369,92 +354,3 @@ class AdmissionJudge:
         if now - self._full_logged.get(namespace, float("-inf")) >= FULL_LOG_SECONDS:
             self._full_logged[namespace] = now
             log.warning("%s", full.detail)
-
-
-def _when_full(pending: _Pending, verdict: QuotaVerdict, full: RecordFull) -> QuotaVerdict:
-    """Return the verdict of an admission whose batch could not be stored: unchanged if it
-    reserved nothing (a dry run, a refusal, a pod left waiting in line); a pod created
-    behind the gate waits in line instead, to be charged when the record has room; any
-    other is refused. Verdicts judged after the lost reservations counted them: they err
-    toward refusing."""
-    if not verdict.allowed or verdict.queued or pending.request.dry_run:
-        return verdict
-    if pending.gated:
-        message = f"{full.headline}: the pod waits in line until the record has room"
-        return held_in_line(message, pending.config.policy.quota_gate, verdict.limit)
-    return QuotaVerdict(False, full.detail, limit=verdict.limit)
-
-
-@dataclass(frozen=True, slots=True)
-class _Waits(QuotaVerdict):
-    """The refusal of an admission that would fit but for room other replicas hold aside:
-    it waits for them to give it back, and is judged again."""
-
-
-def _fields(verdict: QuotaVerdict) -> tuple[Any, ...]:
-    return tuple(getattr(verdict, name.name) for name in fields(QuotaVerdict))
-
-
-def _held_aside(verdict: QuotaVerdict) -> QuotaVerdict:
-    """Return the refusal of an admission that waited in vain for room other replicas hold
-    aside, naming it."""
-    return replace(
-        QuotaVerdict(*_fields(verdict)),
-        message=f"{verdict.message} (of which other gpuadm replicas hold room aside, not "
-        f"given back within {WAIT_SECONDS:g} s; retry)",
-    )
-
-
-def _would_wait(verdict: QuotaVerdict) -> QuotaVerdict:
-    """Return the answer to a dry run that would fit but for room other replicas hold
-    aside: admitted, as the create would most likely be once they give it back, with a
-    warning that says so. A dry run waits for nothing and says nothing in the record."""
-    return QuotaVerdict(
-        True,
-        warnings=(
-            f"{verdict.message}, counting room other gpuadm replicas hold aside: a create "
-            f"now would wait up to {WAIT_SECONDS:g} s for them to give it back, and be "
-            "admitted if it then fits",
-        ),
-        in_use=verdict.in_use,
-        limit=verdict.limit,
-    )
-
-
-def _fits_without(
-    pending: _Pending, in_use: Mapping[str, Fraction], others: Mapping[str, Fraction]
-) -> bool:
-    """Tell whether a refused admission would fit if other replicas held no room aside."""
-    class_name = pending.plan.class_name
-    assert class_name is not None
-    freed = {name: used - others.get(name, ZERO) for name, used in in_use.items()}
-    return judge(
-        namespace=pending.request.namespace,
-        class_name=class_name,
-        requested=pending.plan.charge,
-        in_use=freed,
-        limits=pending.terms.limits,
-        mode=pending.terms.mode,
-    ).allowed
-
-
-def _without(totals: Mapping[str, Fraction], reservation: Reservation) -> dict[str, Fraction]:
-    """Return what a namespace holds without one reservation counted in it."""
-    return {
-        **totals,
-        reservation.class_name: totals[reservation.class_name] - reservation.charge,
-    }
-
-
-def _never_fits(namespace: str, plan: Plan, limits: Mapping[str, Fraction]) -> QuotaVerdict | None:
-    assert plan.class_name is not None
-    never = never_fits(
-        namespace=namespace, class_name=plan.class_name, requested=plan.charge, limits=limits
-    )
-    return None if never is None else QuotaVerdict(False, never, limit=limits.get(plan.class_name))
-
-
-def _reservation_key(request: AdmissionRequest) -> str:
-    """Key a reservation by the pod's uid, which the apiserver sets before validation."""
-    uid = (request.object.get("metadata") or {}).get("uid")
-    return str(uid) if uid else f"request-{request.uid}"

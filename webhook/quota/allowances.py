@@ -107,8 +107,8 @@ class Allowances:
         clock: Callable[[], float],
         reservation_ttl: float,
     ) -> None:
-        """Hold allowances as `holder` when `enabled`; count others' always (a replica
-        without allowances of its own still shares records with replicas that have them)."""
+        """Hold allowances as `holder` when `enabled` (in a cluster: a standalone replica
+        shares its records with no one, and has no one to set room aside from)."""
         self.holder = holder
         self.enabled = enabled
         self.clock = clock
@@ -122,6 +122,15 @@ class Allowances:
     def held(self, namespace: str) -> Held | None:
         """Return this replica's allowance in a namespace, if any."""
         return self._held.get(namespace)
+
+    def holds(self, namespace: str, now: float) -> bool:
+        """Tell whether this replica may still hold room aside in a namespace, or have a
+        wait said or to be said there: what the keeper gives back, or forgets once no
+        replica counts it any more (`due`)."""
+        held = self._held.get(namespace)
+        return held is not None and now < (
+            max(held.until, held.wants, held.wants_stored) + self.reservation_ttl
+        )
 
     def pending(self, namespace: str) -> Mapping[str, Reservation]:
         """Return the pods admitted from this replica's allowance, not yet in the record."""
@@ -224,15 +233,14 @@ class Allowances:
         now: float,
         take: Mapping[str, Fraction] | None = None,
         limits: Mapping[str, Fraction] | None = None,
-    ) -> tuple[dict[str, Allowance] | None, Written]:
+    ) -> tuple[dict[str, Allowance], Written]:
         """Return the allowances a write over `read` stores, and what it makes of this
         replica's own once stored.
 
         Others' are kept as they were (those that no longer count are left out). This
         replica's is what remains of it now, plus `take` (which then lasts
         `ALLOWANCE_SECONDS` from `now`, under `limits`); grants made while the write is in
-        flight come out of what remains, which the stored room still covers. None: the
-        record has none and gets none (the store is called as before allowances were).
+        flight come out of what remains, which the stored room still covers.
         """
         held = self._held.get(namespace)
         remaining = dict(held.remaining) if held is not None else {}
@@ -255,8 +263,6 @@ class Allowances:
         if stored or wants:
             allowances[self.holder] = Allowance(stored, until, wants)
         written = Written(dict(take or {}), until, stored, limits if take else None, wants)
-        if not allowances and not read.allowances:
-            return None, written
         return allowances, written
 
     def stored(self, namespace: str, flushed: Iterable[str], written: Written) -> None:

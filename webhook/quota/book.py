@@ -13,14 +13,14 @@ any admission request can take. So a reservation outlives the window in which th
 invisible to any replica whose watch is healthy. A pod that was never stored (a later webhook
 refused it) holds its room until then, and no longer.
 
-With `drop_shown`, a reservation leaves the record sooner: at the first write after the
+In a cluster, a reservation leaves the record sooner: at the first write after the
 writer's watch has shown its pod, which raises the record's watermark (`Mark`) to the
 resourceVersion of the event that showed it. Every replica judges with a record only once
 its own view of pods has reached the record's mark (`catch_up`): the pods whose reservations
 left are then counted as pods. So a write carries only the reservations of pods in flight,
 whatever the namespace's churn, and no judgement misses one.
 
-A record may also set room aside for replicas to admit from without a write
+In a cluster, a record also sets room aside for replicas to admit from without a write
 (`webhook.quota.allowances`): a namespace holds, besides its pods and reservations, all of
 other replicas' allowances, and all of what remains of this replica's. The pods admitted
 from this replica's allowance count as its reservations, and every write of the record
@@ -99,24 +99,21 @@ class ReservationBook:
         clock: Callable[[], float] = time.time,
         reservation_ttl: float = RESERVATION_TTL,
         metrics: Metrics | None = None,
-        drop_shown: bool = False,
         catch_up_seconds: float = CATCH_UP_SECONDS,
         relist: Callable[[], None] = lambda: None,
-        allowances: bool = False,
         holder: str = "",
     ) -> None:
-        """Keep records in `store`; with `pods_visible` False (standalone) reservations
-        never expire, and none is ever shown as a pod. With `allowances` (and pods visible),
-        set room aside for this replica, named after `holder`, to admit from without a
-        write (`webhook.quota.allowances`).
+        """Keep records in `store`.
 
-        With `drop_shown`, reservations of pods the watch has shown leave the record at the
-        next write. Whatever it is, a judgement waits `catch_up_seconds` at most for the
-        view to reach a record's mark; `relist` asks the pod watch for a full list, the one
-        way to reach a mark made by a watch of another label."""
+        With `pods_visible` (in a cluster), reservations of pods the watch has shown leave
+        the record at the next write, and room is set aside for this replica, named after
+        `holder`, to admit from without a write (`webhook.quota.allowances`). A judgement
+        waits `catch_up_seconds` at most for the view to reach a record's mark; `relist`
+        asks the pod watch for a full list, the one way to reach a mark made by a watch of
+        another label. Without (standalone), reservations never expire, none is ever shown
+        as a pod, and nothing is set aside."""
         self.usage = usage
         self.pods_visible = pods_visible
-        self.drop_shown = drop_shown and pods_visible
         self.catch_up_seconds = catch_up_seconds
         self._relist = relist
         self.clock = clock
@@ -125,7 +122,7 @@ class ReservationBook:
         self._metrics = metrics
         self.allowances = Allowances(
             holder_name(holder),
-            enabled=allowances and pods_visible,
+            enabled=pods_visible,
             clock=clock,
             reservation_ttl=reservation_ttl,
         )
@@ -155,8 +152,7 @@ class ReservationBook:
         limits: Mapping[str, Fraction] | None = None,
     ) -> None:
         """Write `reservations` over the record `read` (raising `Conflict` if it moved on),
-        leaving out those whose pods the watch has shown (with `drop_shown`), and keep a
-        copy.
+        leaving out those whose pods the watch has shown, and keep a copy.
 
         The write also carries the pods admitted from this replica's allowance, as
         reservations, and the allowance as it stands, with `take` more room set aside
@@ -169,18 +165,15 @@ class ReservationBook:
         allowance_map, written = allowances.composed(namespace, read, self.clock(), take, limits)
         kept, mark = self.dropping(reservations, read.mark)
         try:
-            if allowance_map is None:
-                new_version = await self._store.write(namespace, kept, read.version, mark)
-            else:
-                new_version = await self._store.write(
-                    namespace, kept, read.version, mark, allowances=allowance_map
-                )
+            new_version = await self._store.write(
+                namespace, kept, read.version, mark, allowances=allowance_map
+            )
         except (Conflict, RecordFull):
             raise  # refused: nothing was stored
         except KubeError:
             allowances.unsure(namespace, written)  # it may have been stored all the same
             raise
-        self._copies[namespace] = Record(kept, new_version, mark, allowance_map or {})
+        self._copies[namespace] = Record(kept, new_version, mark, allowance_map)
         allowances.stored(namespace, flushed, written)
 
     def dropping(
@@ -192,7 +185,7 @@ class ReservationBook:
         of any label while the mark is unset: a replica that watches another label would
         not have seen them."""
         usage = self.usage
-        if not self.drop_shown or (mark.version and mark.label != usage.label):
+        if not self.pods_visible or (mark.version and mark.label != usage.label):
             return reservations, mark
         kept: dict[str, Reservation] = {}
         top = 0
@@ -355,7 +348,7 @@ class ReservationBook:
 
     async def prune(self, namespace: str) -> None:
         """Drop expired reservations from a namespace's record, and those whose pods the
-        watch has shown (with `drop_shown`); delete a record left empty.
+        watch has shown; delete a record left empty.
 
         So records exist only while they hold reservations, and a namespace that holds none
         (or never held a pod, as with a forged review) leaves nothing behind. A record
@@ -371,7 +364,7 @@ class ReservationBook:
                 kept, mark = self.dropping(unexpired, record.mark)
                 marked = mark.version and now - mark.at < self.reservation_ttl
                 set_aside = self.allowances.others(record.allowances, now) or (
-                    self.allowances.held(namespace)
+                    self.allowances.holds(namespace, now)
                 )
                 if not kept and not marked and not set_aside and record.version is not None:
                     await self._store.delete(namespace, record.version)

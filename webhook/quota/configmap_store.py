@@ -3,6 +3,24 @@
 One ConfigMap per tenant namespace, `gpuadm-usage-<namespace>`, in gpuadm's own namespace.
 Writes carry the resourceVersion that was read; the apiserver refuses a stale one with 409,
 which is exactly the compare-and-swap the reservation book needs.
+
+The record's format, and why a replica of 0.1.0 never misreads it:
+
+- 0.1.0 wrote `reservations.json` as a mapping of pod uid to reservation, and nothing else.
+  It counts every reservation of the last 90 s, and knows neither the watermark of the
+  reservations that left the record as their pods were shown (`shown.json`) nor the room set
+  aside for replicas (`allowances.json`). Given a record with either, it would count too
+  little and admit past a limit.
+- So this format (`format: "2"`) writes `reservations.json` as a list of reservations, each
+  with its uid. 0.1.0 reads that key as a mapping, fails on a list, and refuses the pod with
+  "gpuadm failed to judge this request; retry"; it never writes a record it failed to read.
+  While both run (a `helm upgrade`), a namespace whose record this version wrote is judged
+  by this version's replicas alone, and 0.1.0's refuse there: never an admission past a
+  limit.
+- This version reads 0.1.0's mapping as it is (no mark, no room aside: every reservation of
+  the last 90 s counts) and writes it back in its own format.
+- A record of a format this version does not know (a later one) is not read at all:
+  `UnreadableRecord`, and the pod is refused with "retry", as 0.1.0 does with this one.
 """
 
 from __future__ import annotations
@@ -24,12 +42,16 @@ from webhook.quota.reservations import (
     Record,
     RecordFull,
     Reservation,
+    UnreadableRecord,
 )
 
 if TYPE_CHECKING:
     from webhook.observe.metrics import Metrics
 
 DATA_KEY = "reservations.json"
+# The record's format; absent in 0.1.0's records.
+FORMAT_KEY = "format"
+FORMAT = "2"
 # The watermark of the reservations that left the record as their pods were shown; absent
 # while none has (`Mark`).
 MARK_KEY = "shown.json"
@@ -60,8 +82,8 @@ class RecordText:
         self._encoded: dict[str, dict[str, tuple[Reservation, bytes]]] = {}
 
     def encode(self, namespace: str, reservations: Mapping[str, Reservation]) -> bytes:
-        """Return the record's JSON: the same bytes as encoding the whole mapping at once,
-        in the mapping's order (readers parse it, so the order carries nothing)."""
+        """Return the record's JSON: the same bytes as encoding the whole list at once, in
+        the mapping's order (readers parse it, so the order carries nothing)."""
         before = self._encoded.get(namespace, {})
         encoded = {
             uid: (
@@ -72,7 +94,7 @@ class RecordText:
             for uid, reservation in reservations.items()
         }
         self._encoded[namespace] = encoded
-        return b"{" + b",".join([text for _, text in encoded.values()]) + b"}"
+        return b"[" + b",".join([text for _, text in encoded.values()]) + b"]"
 
     def forget(self, namespace: str) -> None:
         """Drop what is kept of a namespace whose record is gone."""
@@ -92,8 +114,8 @@ class RecordText:
 
 
 def _entry(uid: str, reservation: Reservation) -> bytes:
-    """Return `"uid":{...}`: a mapping of one reservation, without its braces."""
-    return orjson.dumps({uid: reservation.to_json()})[1:-1]
+    """Return one reservation as the record's list holds it: its uid, then its fields."""
+    return orjson.dumps({"uid": uid, **reservation.to_json()})
 
 
 def body_size(body: dict[str, Any], text: bytes) -> int:
@@ -108,16 +130,34 @@ def body_size(body: dict[str, Any], text: bytes) -> int:
 
 
 def record_of(config_map: dict[str, Any]) -> Record:
-    """Read the record a ConfigMap holds."""
+    """Read the record a ConfigMap holds, in this format or 0.1.0's; raise `UnreadableRecord`
+    for any other, or for one that is not what this format writes."""
+    metadata = config_map.get("metadata") or {}
     data = config_map.get("data") or {}
-    raw = orjson.loads(data.get(DATA_KEY) or "{}")
-    reservations = {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
-    mark = Mark.from_json(orjson.loads(data[MARK_KEY])) if MARK_KEY in data else NO_MARK
-    allowances = {
-        str(holder): Allowance.from_json(entry)
-        for holder, entry in orjson.loads(data.get(ALLOWANCES_KEY) or "{}").items()
-    }
-    return Record(reservations, config_map["metadata"]["resourceVersion"], mark, allowances)
+    namespace = str((metadata.get("labels") or {}).get(USAGE_RECORD_LABEL, metadata.get("name")))
+    written = data.get(FORMAT_KEY)
+    if written is not None and written != FORMAT:
+        raise UnreadableRecord(
+            namespace, f"it is in format {written!r}, of a later gpuadm; this one reads {FORMAT}"
+        )
+    try:
+        raw = orjson.loads(data.get(DATA_KEY) or "[]")
+        if written is None and isinstance(raw, dict):  # 0.1.0's mapping of uid to reservation
+            entries = [{**entry, "uid": uid} for uid, entry in raw.items()]
+        elif isinstance(raw, list):
+            entries = raw
+        else:
+            raise ValueError(f"{DATA_KEY} is neither a list nor 0.1.0's mapping")
+        reservations = {str(entry["uid"]): Reservation.from_json(entry) for entry in entries}
+        mark = Mark.from_json(orjson.loads(data[MARK_KEY])) if MARK_KEY in data else NO_MARK
+        allowances = {
+            str(holder): Allowance.from_json(entry)
+            for holder, entry in orjson.loads(data.get(ALLOWANCES_KEY) or "{}").items()
+        }
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        reason = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) else error
+        raise UnreadableRecord(namespace, f"it is not a record gpuadm wrote ({reason})") from None
+    return Record(reservations, metadata["resourceVersion"], mark, allowances)
 
 
 class ConfigMapStore:
@@ -162,7 +202,9 @@ class ConfigMapStore:
         }
         if version is not None:
             metadata["resourceVersion"] = version
-        data = {DATA_KEY: ""} if marked is None else {DATA_KEY: "", MARK_KEY: marked}
+        data = {FORMAT_KEY: FORMAT, DATA_KEY: ""}
+        if marked is not None:
+            data[MARK_KEY] = marked
         if set_aside is not None:
             data[ALLOWANCES_KEY] = set_aside
         body = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}

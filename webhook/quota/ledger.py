@@ -56,21 +56,19 @@ class QuotaLedger:
         reservation_ttl: float = RESERVATION_TTL,
         metrics: Metrics | None = None,
         namespace_exists: Callable[[str], Awaitable[bool]] = every_namespace_exists,
-        drop_shown: bool = False,
         catch_up_seconds: float = CATCH_UP_SECONDS,
         relist: Callable[[], None] = lambda: None,
-        allowances: bool = False,
         holder: str = "",
     ) -> None:
         """Build a ledger; with `pods_visible` False (standalone) reservations never expire.
 
         `usage_ready` says whether the usage index is in sync; `namespace_exists` whether a
         namespace is real, so that nothing is judged or kept for one that is not. With
-        `drop_shown`, reservations leave the record once the watch shows their pods; a
-        judgement waits `catch_up_seconds` at most for the watch to reach a record's mark;
-        `relist` asks the pod watch for a full list (`ReservationBook`). With `allowances`,
-        room is set aside for this replica, named after `holder`, to admit from without a
-        write (`webhook.quota.allowances`); `keep_allowances` must then run.
+        `pods_visible` (in a cluster), reservations leave the record once the watch shows
+        their pods, a judgement waits `catch_up_seconds` at most for the watch to reach a
+        record's mark, and `relist` asks the pod watch for a full list; room is set aside
+        for this replica, named after `holder`, to admit from without a write
+        (`webhook.quota.allowances`), and `keep_allowances` must run (`ReservationBook`).
         """
         self.book = ReservationBook(
             usage,
@@ -79,10 +77,8 @@ class QuotaLedger:
             clock=clock,
             reservation_ttl=reservation_ttl,
             metrics=metrics,
-            drop_shown=drop_shown,
             catch_up_seconds=catch_up_seconds,
             relist=relist,
-            allowances=allowances,
             holder=holder,
         )
         self.line = QueueLine(self.book, usage)

@@ -36,6 +36,15 @@ class RecordFull(KubeError):
         super().__init__(413, self.detail)
 
 
+class UnreadableRecord(KubeError):
+    """The record is in a format this version does not read (a later gpuadm's), or is not
+    a record gpuadm wrote: nothing is judged by it, and nothing written over it."""
+
+    def __init__(self, namespace: str, reason: str) -> None:
+        self.detail = f'gpuadm cannot read the quota record of namespace "{namespace}": {reason}'
+        super().__init__(500, self.detail)
+
+
 # The most digits of a resourceVersion a reservation's `stored` mark carries (etcd's
 # revisions, 64-bit, have at most 19).
 STORED_DIGITS = 20
@@ -214,8 +223,7 @@ class ReservationStore(Protocol):
         mark: Mark = NO_MARK,
         allowances: Mapping[str, Allowance] | None = None,
     ) -> str:
-        """Replace the record if it is still at `version`; return the new version. The
-        book passes `allowances` only when a record has or gets some."""
+        """Replace the record if it is still at `version`; return the new version."""
         ...
 
     async def delete(self, namespace: str, version: str) -> None:

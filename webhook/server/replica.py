@@ -148,13 +148,10 @@ def cluster_app(
         usage_ready=pods.ready,
         metrics=metrics,
         namespace_exists=KnownNamespaces(api).exists,
-        drop_shown=settings.drop_shown_reservations,
         relist=pods.request_relist,
-        allowances=settings.quota_allowances,
         holder=settings.identity or "gpuadm",
     )
-    if settings.quota_allowances:
-        log.info("quota: this replica sets room aside as %s", ledger.book.allowances.holder)
+    log.info("quota: this replica sets room aside as %s", ledger.book.allowances.holder)
     export_quota(metrics, ledger.book, holder, usage)
     templates = ClusterTemplates(api, holder)
     elector = LeaseElector(
@@ -238,11 +235,7 @@ def cluster_app(
             Background("configmaps", config.run, stale_after=CONFIG_WATCH_STALE_SECONDS),
             Background("pods", pods.run),
             Background("prune", partial(_prune_forever, ledger.book)),
-            *(
-                [Background("quota-allowances", ledger.keep_allowances)]
-                if settings.quota_allowances
-                else []
-            ),
+            Background("quota-allowances", ledger.keep_allowances),
             Background("gpu-hours-records", hours.read_forever),
             Background("claim-templates", templates.run),
             Background("lease", elector.run),

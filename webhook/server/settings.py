@@ -49,13 +49,6 @@ class Settings:
     lease_seconds: float = 15.0
     """How long the Lease of the replica that releases waiting pods lasts unrenewed: how
     long waiting pods may wait for a new leader when the leader dies."""
-    drop_shown_reservations: bool = False
-    """Take a reservation out of its usage record as soon as the pod watch shows its pod
-    (`webhook.quota.book`); off until no replica older than the watermark is left."""
-    quota_allowances: bool = False
-    """Set room of a namespace aside for this replica to admit pods from without a write of
-    the usage record (`webhook.quota.allowances`); off until no replica older than
-    allowances is left."""
     gpu_hours_checkpoint_seconds: float = 60.0
     """How often the leader counts GPU pods' running time into the GPU-hour records, and
     every replica reads them (`webhook.gpu_hours.ledger`)."""

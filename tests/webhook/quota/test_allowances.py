@@ -25,16 +25,8 @@ H100 = {"gpuadm.io/h100": "1"}
 A100 = {"gpuadm.io/a100": "1"}
 
 
-def ledger(
-    store: MemoryStore, *, usage: UsageIndex | None = None, enabled: bool = True, **kwargs: Any
-) -> QuotaLedger:
-    return QuotaLedger(
-        UsageIndex() if usage is None else usage,
-        store,
-        pods_visible=True,
-        allowances=enabled,
-        **kwargs,
-    )
+def ledger(store: MemoryStore, *, usage: UsageIndex | None = None, **kwargs: Any) -> QuotaLedger:
+    return QuotaLedger(UsageIndex() if usage is None else usage, store, pods_visible=True, **kwargs)
 
 
 @contextlib.asynccontextmanager
@@ -346,21 +338,6 @@ async def test_room_aside_under_a_limit_since_lowered_admits_nothing_more() -> N
         True,
         False,
         False,
-    ]
-
-
-async def test_a_replica_without_allowances_counts_the_room_others_hold_aside() -> None:
-    store = MemoryStore()
-    a, b = ledger(store), ledger(store, enabled=False)
-    assert await admit(a, stored_pod(H100))  # 1 reserved, 4.5 aside
-    assert await admit(b, stored_pod({"gpuadm.io/h100": "4"}))  # 9.5 of 10 held
-    outcome = await judged(b, stored_pod(H100), config())
-    assert not outcome.allowed
-    # b's writes kept a's room aside as it was, and said that a pod of b's waited for it.
-    record = await store.read("team-a")
-    assert [(x.room, bool(x.wants)) for x in record.allowances.values()] == [
-        ({"h100": Fraction(9, 2)}, False),
-        ({}, True),
     ]
 
 

@@ -1,4 +1,5 @@
-"""The reservation record's text: what a ConfigMap holds, encoded a reservation at a time."""
+"""The reservation record's text: what a ConfigMap holds, encoded a reservation at a time, in
+a format that 0.1.0's replicas fail to read rather than misread."""
 
 from __future__ import annotations
 
@@ -16,12 +17,23 @@ from webhook.observe.metrics import Metrics
 from webhook.quota.configmap_store import (
     ALLOWANCES_KEY,
     DATA_KEY,
+    FORMAT,
+    FORMAT_KEY,
+    MARK_KEY,
     RECORD_MAX_BYTES,
     ConfigMapStore,
     RecordText,
     record_of,
 )
-from webhook.quota.reservations import Allowance, Conflict, Record, RecordFull, Reservation
+from webhook.quota.reservations import (
+    Allowance,
+    Conflict,
+    Mark,
+    Record,
+    RecordFull,
+    Reservation,
+    UnreadableRecord,
+)
 
 
 def reservation(at: float, charge: str = "1", pod: str = "p") -> Reservation:
@@ -30,13 +42,13 @@ def reservation(at: float, charge: str = "1", pod: str = "p") -> Reservation:
 
 def whole(reservations: dict[str, Reservation]) -> bytes:
     """The record's JSON, encoded at once."""
-    return orjson.dumps({uid: r.to_json() for uid, r in reservations.items()})
+    return orjson.dumps([{"uid": uid, **r.to_json()} for uid, r in reservations.items()])
 
 
 def test_each_write_is_the_whole_record_encoded_at_once() -> None:
     text = RecordText()
     record: dict[str, Reservation] = {}
-    assert text.encode("team-a", record) == b"{}"
+    assert text.encode("team-a", record) == b"[]"
     for step in range(30):
         record[str(uuid.uuid4())] = reservation(1000.0 + step, charge=("1", "0.5", "7/3")[step % 3])
         if step % 4 == 3:  # the oldest expires
@@ -114,7 +126,7 @@ async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_se
     api = AsyncApi(Endpoint("https://127.0.0.1:9", None, None, None, False, lambda: None))
     store = ConfigMapStore(api=api, namespace="gpuadm-system")
     # Pod names may be 253 characters long: a reservation then takes about 350 bytes.
-    record = {str(uuid.uuid4()): reservation(1e9 + n, pod="p" * 253) for n in range(3000)}
+    record = {str(uuid.uuid4()): reservation(1e9 + n, pod="p" * 253) for n in range(2900)}
     # One more reservation whose pod name makes the text exactly as long as the limit.
     last = str(uuid.uuid4())
     short = len(whole({**record, last: reservation(2e9, pod="")}))
@@ -130,7 +142,7 @@ async def test_a_record_larger_than_a_configmap_holds_is_refused_before_it_is_se
             await store.write("team-a", record, "41")
         assert refused.value.status == 413
         assert refused.value.detail.startswith(
-            'the quota record of namespace "team-a" is full: 3001 reservations'
+            'the quota record of namespace "team-a" is full: 2901 reservations'
         )
     finally:
         await api.close()
@@ -231,6 +243,75 @@ async def test_room_aside_reads_back_as_written_and_leaves_no_key_once_gone() ->
     ],
 )
 def test_room_aside_that_cannot_be_read_is_refused_not_taken_as_none(entry: Any) -> None:
-    data = {DATA_KEY: "{}", ALLOWANCES_KEY: orjson.dumps({"gpuadm-a1": entry}).decode()}
-    with pytest.raises((ValueError, KeyError)):
+    data = {DATA_KEY: "[]", ALLOWANCES_KEY: orjson.dumps({"gpuadm-a1": entry}).decode()}
+    with pytest.raises(UnreadableRecord, match="not a record gpuadm wrote"):
         record_of({"data": data, "metadata": {"resourceVersion": "1"}})
+
+
+def read_as_0_1_0(config_map: dict[str, Any]) -> dict[str, Reservation]:
+    """0.1.0's reading of a record, as it was written (`record_of` at 0.1.0)."""
+    raw = orjson.loads((config_map.get("data") or {}).get(DATA_KEY) or "{}")
+    return {uid: Reservation.from_json(entry) for uid, entry in raw.items()}
+
+
+@pytest.mark.parametrize(
+    "written",
+    [
+        pytest.param({}, id="empty"),
+        pytest.param({"uid-1": reservation(1e9)}, id="one"),
+        pytest.param({f"uid-{n}": reservation(1e9 + n) for n in range(3)}, id="three"),
+    ],
+)
+async def test_a_0_1_0_replica_fails_on_every_record_this_version_writes(
+    written: dict[str, Reservation],
+) -> None:
+    """0.1.0 counts neither a mark nor room aside: it must never judge by a record of this
+    version, empty or not, with a mark and room aside or without."""
+    api = SentBodies()
+    store = ConfigMapStore(api=api, namespace="gpuadm-system")
+    aside = {"gpuadm-a1": Allowance({"h100": Fraction(2)}, 1e9)}
+    await store.write("team-a", written, "3")
+    await store.write("team-a", written, "4", Mark(7, "gpuadm.io/class", 1e9), allowances=aside)
+    for body in api.sent:
+        sent = orjson.loads(body) | {"metadata": {"resourceVersion": "5"}}
+        assert sent["data"][FORMAT_KEY] == FORMAT
+        with pytest.raises(AttributeError):  # a list where 0.1.0 wants a mapping
+            read_as_0_1_0(sent)
+        assert record_of(sent).reservations == written
+
+
+def test_a_record_0_1_0_wrote_is_read_whole_without_mark_or_room_aside() -> None:
+    entries = {
+        "uid-1": {"class": "h100", "charge": "1", "at": 1e9, "pod": "p"},
+        "uid-2": {"class": "a100", "charge": "1/2", "at": 1e9 + 1, "pod": "q"},
+    }
+    old = {"data": {DATA_KEY: orjson.dumps(entries).decode()}, "metadata": {"resourceVersion": "9"}}
+    record = record_of(old)
+    assert record == Record(read_as_0_1_0(old), "9")
+    assert record.reservations["uid-2"] == Reservation("a100", Fraction(1, 2), 1e9 + 1, "q")
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        pytest.param(
+            {FORMAT_KEY: "3", DATA_KEY: "[]"}, "in format '3', of a later gpuadm", id="later"
+        ),
+        pytest.param({FORMAT_KEY: "2", DATA_KEY: "{}"}, "neither a list nor", id="v2-mapping"),
+        pytest.param({DATA_KEY: '"x"'}, "neither a list nor", id="a-string"),
+        pytest.param({DATA_KEY: "[1]"}, "not a record gpuadm wrote", id="not-an-entry"),
+        pytest.param({DATA_KEY: '[{"class": "h100"}]'}, "KeyError", id="no-uid"),
+        pytest.param({DATA_KEY: "[{"}, "not a record gpuadm wrote", id="not-json"),
+        pytest.param({DATA_KEY: "[]", MARK_KEY: "{}"}, "KeyError", id="bad-mark"),
+    ],
+)
+def test_a_record_this_version_cannot_read_is_refused_by_name(
+    data: dict[str, str], words: str
+) -> None:
+    config_map = {
+        "data": data,
+        "metadata": {"name": "gpuadm-usage-team-a", "resourceVersion": "1"},
+    }
+    with pytest.raises(UnreadableRecord, match=words) as raised:
+        record_of(config_map)
+    assert 'quota record of namespace "gpuadm-usage-team-a"' in raised.value.detail

@@ -345,20 +345,22 @@ async def test_a_full_record_is_a_clean_denial_that_admits_nothing_until_it_empt
     store = SmallStore(room=2)
     quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
     snapshot = config()
-    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
-    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}))
-    # The quota has room for 8 more; the record has none, and says so. A dry run in the
+    # Pods of 4 of the limit of 10: half of what is left never holds another, so no room
+    # is set aside, and each admission writes.
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "4"}))
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "4"}))
+    # The quota has room for 2 more; the record has none, and says so. A dry run in the
     # same batch reserves nothing, and is judged as ever.
     dry_run = judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot, dry_run=True)
-    *outcomes, dry = await asyncio.gather(
-        *(judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot) for _ in range(3)),
+    dry, *outcomes = await asyncio.gather(
         dry_run,
+        *(judged(quota, stored_pod({"gpuadm.io/h100": "1"}), snapshot) for _ in range(2)),
     )
     assert dry.allowed
-    assert [o.allowed for o in outcomes] == [False] * 3
+    assert [o.allowed for o in outcomes] == [False] * 2
     for outcome in outcomes:
         assert re.fullmatch(
-            'the quota record of namespace "team-a" is full: [345] reservations of recent '
+            'the quota record of namespace "team-a" is full: [34] reservations of recent '
             "admissions would take more than its 1024 KiB; retry in a minute, when the "
             "oldest have expired",
             outcome.message or "",
