@@ -11,7 +11,15 @@
 # script, the base's package list and the git revision of those files. Safe to run repeatedly:
 # when the archive for the current key is present, nothing is built. The base is kept on its
 # own, keyed on its recipe and mirrors; remove $GPUADM_CACHE/image to take Debian's updates.
-# The four images and two bases used last are kept.
+# The six images (the upgrade test needs two at once: a release's and the current tree's) and
+# two bases used last are kept.
+#
+# With an argument, the image is built from that directory instead of this repository: a tree
+# of an earlier release exported with `git archive <commit> | tar -x -C DIR`, whose own
+# Dockerfile and sources make the image (its Dockerfile must take the BASE build-arg). It is
+# cached as the current tree's image is, keyed on that directory's sources and this script;
+# its revision is the directory's git commit when it is a checkout of its own, else
+# $GPUADM_REVISION, else "unknown".
 #
 # Progress goes to stderr. Stdout is two lines, the archive's path and the image's name
 # (gpuadm.local/gpuadm:<version>-<key>, the name it is imported under), so callers can use
@@ -20,12 +28,28 @@
 # Runs as root: mmdebstrap's root mode and buildah's chroot isolation. Every build uses its own
 # buildah storage, removed afterwards, so nothing outside the cache is left behind.
 #
+# Usage: image/build.sh [SOURCE_DIR]
+#
 # Environment:
-#   GPUADM_CACHE  cache root (default: $HOME/.cache/gpuadm)
+#   GPUADM_CACHE     cache root (default: $HOME/.cache/gpuadm)
+#   GPUADM_REVISION  the revision label of a SOURCE_DIR that is no git checkout
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-REPO=$(cd "$HERE/.." && pwd)
+SELF=$HERE/$(basename "${BASH_SOURCE[0]}")
+if [[ $# -gt 1 ]]; then
+    printf 'usage: %s [SOURCE_DIR]\n' "$0" >&2
+    exit 2
+fi
+if [[ $# -eq 1 ]]; then
+    [[ -f $1/Dockerfile ]] || {
+        printf 'image/build.sh: %s has no Dockerfile\n' "$1" >&2
+        exit 2
+    }
+    REPO=$(cd "$1" && pwd)
+else
+    REPO=$(cd "$HERE/.." && pwd)
+fi
 CACHE_ROOT=${GPUADM_CACHE:-$HOME/.cache/gpuadm}
 IMAGE_ROOT=$CACHE_ROOT/image
 IMAGE_REPO=gpuadm.local/gpuadm
@@ -50,7 +74,8 @@ BASE_OPTIONS=(
 )
 BASE_REPO=gpuadm.local/debian-python3
 
-# What `pip install .` reads, as .dockerignore admits it into the build context.
+# What `pip install .` reads, as .dockerignore admits it into the build context. image/build.sh
+# is always this script, whichever tree the image is built from.
 SOURCE_FILES=(Dockerfile .dockerignore pyproject.toml README.md image/build.sh)
 SOURCE_TREES=(policies webhook certs)
 
@@ -150,7 +175,14 @@ build_base() {
 image_key() {
     local packages=$1 revision=$2
     {
-        (cd "$REPO" && sha256sum "${SOURCE_FILES[@]}")
+        local file
+        for file in "${SOURCE_FILES[@]}"; do
+            if [[ $file == image/build.sh ]]; then
+                sha256sum <"$SELF" | sed 's|-$|image/build.sh|'
+            else
+                (cd "$REPO" && sha256sum "$file")
+            fi
+        done
         (cd "$REPO" && find "${SOURCE_TREES[@]}" -type f ! -path '*/__pycache__/*' \
             ! -name '*.pyc' -print0 | LC_ALL=C sort -z | xargs -0 sha256sum)
         sha256sum <"$packages"
@@ -158,11 +190,18 @@ image_key() {
     } | sha
 }
 
-# The last commit of the image's inputs, "-dirty" when the work tree changes them; "unknown"
-# outside a git checkout.
+# The last commit of the image's inputs, "-dirty" when the work tree changes them; outside a
+# git checkout of its own (an exported tree, even one inside another checkout),
+# $GPUADM_REVISION or "unknown".
 source_revision() {
-    local paths=("${SOURCE_FILES[@]}" "${SOURCE_TREES[@]}") commit
-    commit=$(git -C "$REPO" log -1 --format=%H -- "${paths[@]}" 2>/dev/null) || commit=""
+    local paths=("${SOURCE_FILES[@]}" "${SOURCE_TREES[@]}") commit="" top
+    top=$(git -C "$REPO" rev-parse --show-toplevel 2>/dev/null) || top=""
+    if [[ -n $top && $(cd "$top" && pwd -P) == $(cd "$REPO" && pwd -P) ]]; then
+        commit=$(git -C "$REPO" log -1 --format=%H -- "${paths[@]}" 2>/dev/null) || commit=""
+    else
+        echo "${GPUADM_REVISION:-unknown}"
+        return 0
+    fi
     if [[ -z $commit ]]; then
         echo unknown
     elif [[ -n $(git -C "$REPO" status --porcelain -- "${paths[@]}" 2>/dev/null) ]]; then
@@ -270,7 +309,7 @@ main() {
         build_image "$dir" "$name" "$base_dir/base.oci.tar" "$base_name" "$version" "$revision"
         log "built $name"
     fi
-    prune '[0-9a-f]{16}' 4
+    prune '[0-9a-f]{16}' 6
     prune 'base-[0-9a-f]{16}' 2
     echo "$dir/$ARCHIVE"
     echo "$name"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import threading
 import time
@@ -51,6 +52,9 @@ GPU_CLASS = "gpuadm.io/h100"
 # How gpuadm's refusals that a retry may turn around end (docs/troubleshooting.md).
 RETRY_ASKED = re.compile(r"retry( the request| in a few seconds| then)?\.?$")
 RETRIED = ("unreachable", "retry")
+# The commit of release 0.1.0: its chart and, built from its own Dockerfile, its image.
+RELEASE_0_1_0 = "30e64139f707ffb77167563c37c800ca2283c096"
+CACHE_ROOT = Path(os.environ.get("GPUADM_CACHE", Path.home() / ".cache" / "gpuadm"))
 
 
 @dataclass(frozen=True)
@@ -91,6 +95,60 @@ def build_image() -> Image:
     """Build gpuadm's image from the Dockerfile (cached), as `make image` does."""
     result = subprocess.run(
         ["bash", str(IMAGE_SCRIPT)], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"{IMAGE_SCRIPT} exited {result.returncode}:\n{result.stderr}")
+    archive, name = result.stdout.split()[-2:]
+    return Image(Path(archive), name)
+
+
+def released_tree(commit: str) -> Path:
+    """The repository's tree at `commit`, exported once from git history (`git archive`) into
+    the cache: the sources an earlier release's image is built from, and its chart."""
+    directory = CACHE_ROOT / "releases" / commit
+    if (directory / "Dockerfile").is_file():
+        return directory
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    partial = directory.with_name(f"{commit}.partial.{os.getpid()}")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir()
+    try:
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", "--format=tar", commit],
+            capture_output=True,
+            check=False,
+        )
+        if archive.returncode != 0:
+            raise AssertionError(
+                f"git archive {commit} exited {archive.returncode} (a shallow clone lacks "
+                f"the release's commit: fetch it, or clone with history):\n"
+                f"{archive.stderr.decode(errors='replace')}"
+            )
+        subprocess.run(["tar", "-x", "-C", str(partial)], input=archive.stdout, check=True)
+        try:
+            partial.rename(directory)
+        except OSError:
+            # Another session exported it meanwhile: the same commit, the same tree.
+            shutil.rmtree(partial, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return directory
+
+
+def released_chart(commit: str) -> Path:
+    """The Helm chart as it was at `commit`."""
+    return released_tree(commit) / "deploy" / "helm" / "gpuadm"
+
+
+def build_released_image(commit: str) -> Image:
+    """The image of the release at `commit`, built from that tree's own Dockerfile by this
+    tree's image/build.sh on the same Debian base, and cached as the current image is."""
+    result = subprocess.run(
+        ["bash", str(IMAGE_SCRIPT), str(released_tree(commit))],
+        capture_output=True,
+        text=True,
+        check=False,
+        env={**os.environ, "GPUADM_REVISION": commit},
     )
     if result.returncode != 0:
         raise AssertionError(f"{IMAGE_SCRIPT} exited {result.returncode}:\n{result.stderr}")
@@ -162,24 +220,31 @@ class Installation:
             **more,
         }
 
-    def install(self, values: dict[str, Any]) -> None:
-        self._helm_apply("install", values)
+    def install(
+        self, values: dict[str, Any], chart: Path = CHART, examples: Path | None = EXAMPLE_VALUES
+    ) -> None:
+        """`helm install` of `chart` (this tree's by default) with `values` over `examples`;
+        an earlier release's chart, whose defaults held example classes, takes None."""
+        self._helm_apply("install", values, chart, examples)
 
-    def upgrade(self, values: dict[str, Any]) -> None:
-        self._helm_apply("upgrade", values)
+    def upgrade(
+        self, values: dict[str, Any], chart: Path = CHART, examples: Path | None = EXAMPLE_VALUES
+    ) -> None:
+        self._helm_apply("upgrade", values, chart, examples)
 
-    def _helm_apply(self, verb: str, values: dict[str, Any]) -> None:
+    def _helm_apply(
+        self, verb: str, values: dict[str, Any], chart: Path, examples: Path | None
+    ) -> None:
         path = self.values_dir / f"{verb}-{time.monotonic_ns()}.yaml"
         path.write_text(yaml.safe_dump(values))
         self.helm(
             verb,
             RELEASE,
-            str(CHART),
+            str(chart),
             "--namespace",
             NAMESPACE,
             *(["--create-namespace"] if verb == "install" else []),
-            "--values",
-            str(EXAMPLE_VALUES),
+            *(["--values", str(examples)] if examples is not None else []),
             "--values",
             str(path),
             "--wait",
@@ -389,9 +454,10 @@ class Stream:
 
 
 @contextmanager
-def on_a_real_node(image: Image) -> Iterator[Installation]:
+def on_a_real_node(image: Image, *more: Image) -> Iterator[Installation]:
     """A control plane with the controllers a Deployment needs, a real node with `image`
-    loaded, and the `Installation` that will put gpuadm there; all stopped at the end."""
+    (and `more`, e.g. an earlier release's) loaded, and the `Installation` that will put
+    gpuadm there; all stopped at the end."""
     problem = node_prerequisites()
     if problem:
         pytest.fail(f"the real node cannot run here: {problem}", pytrace=False)
@@ -399,7 +465,8 @@ def on_a_real_node(image: Image) -> Iterator[Installation]:
         plane.start_scheduler(["default-scheduler"])
         plane.start_controller_manager(REAL_NODE_CONTROLLERS)
         with KubeletNode(plane) as node:
-            node.load_image(image.archive)
+            for each in (image, *more):
+                node.load_image(each.archive)
             yield Installation(plane, node, helm_binary(), image)
 
 

@@ -27,7 +27,7 @@ import pytest
 from policies import Plan
 from policies.judge import QuotaVerdict, judge
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
-from tests.webhook.quota.test_allowances_random import Cluster, keep
+from tests.webhook.quota.test_allowances_random import ASKS, LIMITS, QUOTAS, Cluster, keep
 from tests.webhook.quota.test_ledger import stored_pod
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
@@ -39,12 +39,6 @@ from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
 NAMESPACE = "gpuadm-system"
-QUOTAS = """
-namespaces:
-  team-a: {h100: 10, a100: 4, "*": 12}
-"""
-LIMITS = {"h100": Fraction(10), "a100": Fraction(4), "*": Fraction(12)}
-ASKS = ({"gpuadm.io/h100": "1"}, {"gpuadm.io/h100": "2"}, {"gpuadm.io/a100": "1"})
 SECONDS = 4.0
 # A reservation's lifetime, in the test's time: a pod is stored within 0.3 s of its
 # admission and shown within 0.3 s more, as in a cluster one is stored within the
