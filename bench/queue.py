@@ -28,7 +28,7 @@ from typing import Any
 import jsonpatch
 
 from policies import plan, require_fixed_point
-from policies.queue import add_gate
+from policies.quota.queue import add_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError

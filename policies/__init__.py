@@ -3,12 +3,12 @@
 Nothing here does I/O, reads a clock or a global, or knows of HTTP or Kubernetes clients.
 """
 
+from policies.access.guard import check_added_containers, check_guard
+from policies.access.rewrite import Plan, plan, pod_charge
 from policies.errors import Denial
-from policies.guard import check_added_containers, check_guard
 from policies.loading import ConfigError, load_policy, load_quotas
 from policies.policy import Policy, policy_warnings
-from policies.quotas import QuotaConfig
-from policies.rewrite import Plan, plan, pod_charge
+from policies.quota.quotas import QuotaConfig
 from policies.stored_pod import check_update, require_fixed_point
 
 __all__ = [

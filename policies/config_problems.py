@@ -13,9 +13,9 @@ import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic_core import ErrorDetails
 
-from policies.backends import BACKENDS
+from policies.classes.backends import BACKENDS
 from policies.policy import Policy
-from policies.quotas import QuotaConfig
+from policies.quota.quotas import QuotaConfig
 from policies.suggest import suggestion
 
 _BACKEND_TAGS = {backend.backend_name() for backend in BACKENDS}

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from policies.config_problems import describe, walk
 from policies.policy import Policy
-from policies.quotas import QuotaConfig
+from policies.quota.quotas import QuotaConfig
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -11,10 +11,10 @@ from typing import NamedTuple
 
 from pydantic import Field, field_validator, model_validator
 
-from policies.backends import BACKENDS, GpuClass
-from policies.class_base import ClassBase, Model, NamespaceName
-from policies.dra_templates import DEVICE_CLASS_RESOURCE_PREFIX, NVIDIA_DEVICE_CLASSES
-from policies.models import ClassModel
+from policies.classes.backends import BACKENDS, GpuClass
+from policies.classes.class_base import ClassBase, Model, NamespaceName
+from policies.classes.models import ClassModel
+from policies.pods.dra_templates import DEVICE_CLASS_RESOURCE_PREFIX, NVIDIA_DEVICE_CLASSES
 
 CLASS_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
@@ -101,7 +101,7 @@ class _Lookup:
 
 
 class Guard(Model):
-    """The rules that keep GPU access inside a pod's resources (`policies.guard`).
+    """The rules that keep GPU access inside a pod's resources (`policies.access.guard`).
 
     Each is on unless the policy switches it off, for a cluster whose GPU stack or workloads
     need that way in (docs/configuration.md says what each one denies).
@@ -116,7 +116,7 @@ class Guard(Model):
     # A privileged container in a pod with GPU demand.
     privileged_gpu_containers: bool = True
     # GPU devices through a ResourceClaim or ResourceClaimTemplate gpuadm did not write
-    # (`policies.claims`).
+    # (`policies.access.claims`).
     foreign_gpu_claims: bool = True
     # A container mount at or under /var/run/nvidia-container-devices, where the NVIDIA
     # Container Toolkit reads a device list from mount points.

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from policies.access.rewrite import Plan
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.errors import Denial
-from policies.models import DEVICE_CHOICE_ANNOTATIONS
-from policies.pod_shape import check_metadata
-from policies.pod_view import PodView, view_pod
+from policies.pods.pod_shape import check_metadata
+from policies.pods.pod_view import PodView, view_pod
 from policies.policy import REQUEST_ANNOTATIONS, Policy
-from policies.queue import is_gated
-from policies.rewrite import Plan
+from policies.quota.queue import is_gated
 
 
 def require_fixed_point(result: Plan) -> Plan:

@@ -1,7 +1,7 @@
 """How HAMi and Volcano match a pod's GPU-type annotations against a GPU, as executable rules.
 
-Written from the stacks' own code, and on purpose apart from `policies.models`, so that tests
-can check what gpuadm writes against what the stacks would do with it:
+Written from the stacks' own code, and on purpose apart from `policies.classes.models`, so that
+tests can check what gpuadm writes against what the stacks would do with it:
 
 - HAMi's device plugin registers a GPU under the driver's name, with `NVIDIA-` put in front
   when the name does not start with `NVIDIA` (Project-HAMi/HAMi:

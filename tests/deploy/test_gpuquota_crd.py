@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from policies import load_quotas
-from policies.queue import Waiting
+from policies.quota.queue import Waiting
 from webhook.leader.publish import quota_object
 from webhook.quota.report import NAMED_PODS_MAX, namespace_report
 from webhook.quota.reservations import Reservation

@@ -29,10 +29,10 @@ import yaml
 from cel_expr_python import cel
 
 from policies import Denial, check_guard, load_policy
-from policies.backends.kai import SHARE_CONFIG_MAPS
-from policies.guard import ALLOCATION_ANNOTATIONS
-from policies.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
-from policies.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.access.guard import ALLOCATION_ANNOTATIONS
+from policies.access.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
+from policies.classes.backends.kai import SHARE_CONFIG_MAPS
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.policy import GPU_STACK_NAMESPACES as STACK_NAMESPACES
 from policies.policy import (
     ROUTED_DEVICES_CONFIG_MAPS,
@@ -1297,7 +1297,7 @@ def test_match_conditions_survive_a_missing_object(webhooks: tuple[Obj, Obj]) ->
     assert sent_to_webhook(validating, "UPDATE", None, None) is False
 
 
-# The guard (policies/guard/) denies GPU access outside resources in pods of any kind, so
+# The guard (policies/access/guard/) denies GPU access outside resources in pods of any kind, so
 # the webhooks must see every pod it would deny, and still no other pod.
 GUARD_POLICY = load_policy(POLICY_YAML)
 VISIBLE_ALL = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]

@@ -8,8 +8,8 @@ from fractions import Fraction as F
 import pytest
 
 from policies import ConfigError, Policy, load_quotas
-from policies.budget import DAY, HOUR, Budget
-from policies.quotas import Terms
+from policies.quota.budget import DAY, HOUR, Budget
+from policies.quota.quotas import Terms
 
 ENTRY = """\
 mode: warn

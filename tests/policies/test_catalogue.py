@@ -3,7 +3,7 @@
 A node may hold a GPU model that no class lists (an `NVIDIA A100-PCIE-40GB` beside a policy of
 `NVIDIA A10` and SXM A100s). HAMi and Volcano match `use-gputype` by substring, so each class's
 annotations must keep its pods off every catalogue name too. The stacks' rules are those of
-`tests.device_matching`, written from their code apart from `policies.models`.
+`tests.device_matching`, written from their code apart from `policies.classes.models`.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from policies import Policy, load_policy, policy_warnings
-from policies.catalogue import GPU_NAMES
-from policies.models import NOUSE_GPUTYPE, USE_GPUTYPE, hami_device_type
+from policies.classes.catalogue import GPU_NAMES
+from policies.classes.models import NOUSE_GPUTYPE, USE_GPUTYPE, hami_device_type
 from tests import device_matching
 
 Selects = Callable[[Mapping[str, str], str], bool]

@@ -10,9 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import Denial, Policy, load_policy
-from policies.backends.dra import DraClass
-from policies.claims import check_claim, check_named_claim, check_template, named_claims
-from policies.dra_templates import Held, requested_device_classes
+from policies.access.claims import check_claim, check_named_claim, check_template, named_claims
+from policies.classes.backends.dra import DraClass
+from policies.pods.dra_templates import Held, requested_device_classes
 from tests.builders import POLICY_YAML, pod
 
 # A policy whose dra class has a DeviceClass of its own, and that lists one more GPU class.

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from policies import ConfigError, Policy, load_policy, load_quotas
-from policies.backends import HamiClass, MigClass
+from policies.classes.backends import HamiClass, MigClass
 from tests.builders import ALIAS_CYCLE, LAUGHS
 
 

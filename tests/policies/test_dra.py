@@ -22,8 +22,8 @@ from policies import (
     plan,
     pod_charge,
 )
-from policies.backends.dra import DraClass
-from policies.dra_templates import (
+from policies.classes.backends.dra import DraClass
+from policies.pods.dra_templates import (
     ClaimTemplate,
     Held,
     TemplateName,

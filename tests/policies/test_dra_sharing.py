@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from policies import Denial, load_policy, plan, pod_charge, policy_warnings
-from policies.backends.dra import DraClass
-from policies.dra_templates import Held, parse_template_name
+from policies.classes.backends.dra import DraClass
 from policies.loading import ConfigError
+from policies.pods.dra_templates import Held, parse_template_name
 from policies.quantity import canonical_quantity, parse_quantity
 from tests.builders import POLICY_YAML, pod
 from tests.policies.test_dra import apply, stored_pod

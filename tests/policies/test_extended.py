@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, load_policy, plan
-from policies.asks import Ask, MemoryShare, Share, Whole
-from policies.backends.extended import ExtendedBase
+from policies.classes.asks import Ask, MemoryShare, Share, Whole
+from policies.classes.backends.extended import ExtendedBase
 from tests.apiserver_rules import violations
 from tests.builders import container, pod
 from tests.policies.test_rewrite import apply, limits_of

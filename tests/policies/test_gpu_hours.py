@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies.budget import (
+from policies.quota.budget import (
     DAY,
     HOUR,
     MAX_WINDOW,
@@ -26,7 +26,7 @@ from policies.budget import (
     hours,
     parse_budget,
 )
-from policies.gpu_hours import (
+from policies.quota.gpu_hours import (
     MAX_BUCKET_WIDTH,
     RECORD_MAX_BYTES,
     Bucket,
@@ -50,8 +50,8 @@ from policies.gpu_hours import (
     tiers,
     timestamp,
 )
-from policies.judge import QuotaVerdict
-from policies.quotas import Mode
+from policies.quota.judge import QuotaVerdict
+from policies.quota.quotas import Mode
 
 # A moment on a day's edge (and so on an hour's): 2027-01-16T00:00:00Z.
 T0 = 20834 * DAY

@@ -19,7 +19,7 @@ from policies import (
     load_policy,
     plan,
 )
-from policies.guard import ALLOCATION_ANNOTATIONS, check_allocation_update
+from policies.access.guard import ALLOCATION_ANNOTATIONS, check_allocation_update
 from policies.policy import DEFAULT_GPU_STACK_USERS, Guard
 from tests.builders import POLICY_YAML, container, pod
 

@@ -6,7 +6,7 @@ from fractions import Fraction as F
 
 import pytest
 
-from policies.judge import judge, room_to_set_aside
+from policies.quota.judge import judge, room_to_set_aside
 
 
 @pytest.mark.parametrize(

@@ -25,11 +25,11 @@ from policies import (
     pod_charge,
     require_fixed_point,
 )
-from policies.backends.kai import SHARE_CONFIG_MAPS
-from policies.guard import check_allocation_update, check_devices_config_map
+from policies.access.guard import check_allocation_update, check_devices_config_map
+from policies.access.rewrite import memo_key
+from policies.classes.backends.kai import SHARE_CONFIG_MAPS
 from policies.policy import DEFAULT_GPU_STACK_USERS, routing_warnings
 from policies.quantity import format_amount
-from policies.rewrite import memo_key
 from tests.apiserver_rules import violations
 from tests.builders import POLICY_YAML, container, pod
 

@@ -1,4 +1,4 @@
-"""The index of a line (policies/line.py) against the reference, `next_releases`'s sort."""
+"""The index of a line (policies/quota/line.py) against the reference, `next_releases`'s sort."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from policies import line as line_module
-from policies import queue as queue_module
-from policies.judge import judge
-from policies.line import Line, key_of
-from policies.queue import Waiting, in_line_order, next_releases
-from policies.quotas import ALL_CLASSES
+from policies.quota import line as line_module
+from policies.quota import queue as queue_module
+from policies.quota.judge import judge
+from policies.quota.line import Line, key_of
+from policies.quota.queue import Waiting, in_line_order, next_releases
+from policies.quota.quotas import ALL_CLASSES
 
 CLASSES = ["a100", "t4", "h100"]
 

@@ -1,7 +1,7 @@
 """GPU models: each stack's spelling, and classes that select exactly their own models.
 
 The stacks' matching rules come from `tests.device_matching`, written from the stacks' code
-apart from `policies.models`: a class is exact when, under its stack's rule, the annotations
+apart from `policies.classes.models`: a class is exact when, under its stack's rule, the annotations
 gpuadm writes keep every GPU of the class's models and no GPU of any other model.
 """
 
@@ -19,8 +19,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, load_policy, plan, policy_warnings
-from policies.catalogue import GPU_NAMES
-from policies.models import dra_selector, gfd_product, hami_device_type, volcano_device_type
+from policies.classes.catalogue import GPU_NAMES
+from policies.classes.models import dra_selector, gfd_product, hami_device_type, volcano_device_type
 from tests import device_matching
 from tests.builders import POLICY_YAML, pod
 from tests.device_matching import hami_selects, volcano_selects

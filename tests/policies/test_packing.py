@@ -23,8 +23,8 @@ import jsonpatch
 import pytest
 
 from policies import load_policy, plan, pod_charge
-from policies.judge import judge
 from policies.quantity import format_amount, parse_quantity
+from policies.quota.judge import judge
 from tests import scheduler_fit
 from tests.apiserver_rules import violations
 from tests.builders import pod

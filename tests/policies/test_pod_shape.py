@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from policies import Denial, Policy, check_update, plan, pod_charge
-from policies.pod_shape import shown
+from policies.pods.pod_shape import shown
 from tests.builders import container, pod
 
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"

@@ -13,9 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from policies import ConfigError, Denial, Policy, check_update, load_policy, load_quotas
-from policies.judge import judge, never_fits
-from policies.pod_view import PodView, view_pod
-from policies.queue import (
+from policies.pods.pod_view import PodView, view_pod
+from policies.quota.judge import judge, never_fits
+from policies.quota.queue import (
     Place,
     Waiting,
     add_gate,
@@ -25,7 +25,7 @@ from policies.queue import (
     remove_gate,
     waiting_pod,
 )
-from policies.quotas import ALL_CLASSES
+from policies.quota.quotas import ALL_CLASSES
 from tests.builders import POLICY_YAML, pod
 
 GATE = "gpuadm.io/quota"

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from policies import Plan
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from webhook.config.snapshot import Revisions
 from webhook.reviews import responses
 

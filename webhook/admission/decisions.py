@@ -26,12 +26,12 @@ from policies import (
     check_update,
     require_fixed_point,
 )
-from policies.claims import check_claim, check_named_claim, check_template, named_claims
-from policies.guard import check_allocation_update, check_devices_config_map
-from policies.judge import QuotaVerdict, joined
-from policies.pod_shape import check_update_shape
-from policies.pod_view import PodView, view_pod
-from policies.queue import add_gate, is_gated, may_gate
+from policies.access.claims import check_claim, check_named_claim, check_template, named_claims
+from policies.access.guard import check_allocation_update, check_devices_config_map
+from policies.pods.pod_shape import check_update_shape
+from policies.pods.pod_view import PodView, view_pod
+from policies.quota.judge import QuotaVerdict, joined
+from policies.quota.queue import add_gate, is_gated, may_gate
 from webhook.admission.decision import Decision, Outcome
 from webhook.admission.filters import (
     Filter,
@@ -248,7 +248,7 @@ async def _check_named_claims(
 def _validate_claim_object(
     request: AdmissionRequest, config: ConfigSnapshot, trusted: Trusted
 ) -> Decision:
-    """Judge a ResourceClaim or ResourceClaimTemplate (`policies.claims`)."""
+    """Judge a ResourceClaim or ResourceClaimTemplate (`policies.access.claims`)."""
     revisions = config.revisions
     policy = config.policy
     if not policy.guard.foreign_gpu_claims:
@@ -271,7 +271,7 @@ def _validate_claim_object(
 
 def _validate_config_map(request: AdmissionRequest, config: ConfigSnapshot) -> Decision:
     """Judge a ConfigMap written in a governed namespace: those through which KAI's binder
-    hands a share its GPUs are the GPU stack's to write (`policies.guard`)."""
+    hands a share its GPUs are the GPU stack's to write (`policies.access.guard`)."""
     metadata = request.object.get("metadata")
     name = metadata.get("name") if isinstance(metadata, dict) else None
     try:

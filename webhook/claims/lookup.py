@@ -1,4 +1,4 @@
-"""Read the ResourceClaims a pod names, to judge whether they hold GPUs (`policies.claims`)."""
+"""Read the ResourceClaims a pod names, to judge if they hold GPUs (`policies.access.claims`)."""
 
 from __future__ import annotations
 

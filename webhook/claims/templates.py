@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from policies.demand import TERMINAL_PHASES
-from policies.dra_templates import ClaimTemplate, parse_template_name
+from policies.access.demand import TERMINAL_PHASES
+from policies.pods.dra_templates import ClaimTemplate, parse_template_name
 from policies.policy import CLASS_NAME, MANAGED_BY, MANAGER, Policy
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.endpoint import RESOURCE_API

@@ -74,8 +74,8 @@ async def cluster_reports(
 ) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts,
     with each GPU-hour budget's window as the GPU-hour records count it."""
-    from policies.gpu_hours import Hours, RecordError, used_in_windows
-    from policies.queue import Waiting
+    from policies.quota.gpu_hours import Hours, RecordError, used_in_windows
+    from policies.quota.queue import Waiting
     from webhook.cli.cluster import cluster_config
     from webhook.gpu_hours.store import HoursStore
     from webhook.kube.objects import USAGE_RECORD_LABEL

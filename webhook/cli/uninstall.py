@@ -10,7 +10,7 @@ none waiting forever.
    go. A review the apiserver had already started may still gate a pod, and the apiserver
    learns of the deletion a moment later: the command waits `--settle-seconds` for both.
 3. List every pod, page by page, and remove gpuadm's gate from each that carries it, with the
-   JSON patch the leader releases with (`policies.queue.remove_gate`: a `test` of the gate's
+   JSON patch the leader releases with (`policies.quota.queue.remove_gate`: a `test` of the gate's
    place, then its removal). A pod that changed since it was read (409, 422) is read again and
    patched again, a few times at most; a pod gone (404) is no error. No one releases these
    pods once gpuadm is gone: gated, they would wait forever. Other gates are left alone.
@@ -271,7 +271,7 @@ async def lift_gates(api: AsyncApi, done: Uninstalled) -> None:
     """
     import asyncio
 
-    from policies.queue import is_gated
+    from policies.quota.queue import is_gated
 
     slots = asyncio.Semaphore(PARALLEL_PATCHES)
 
@@ -301,7 +301,7 @@ async def lift_gates(api: AsyncApi, done: Uninstalled) -> None:
 async def _lift_one(api: AsyncApi, pod: dict[str, Any], gate: str) -> str | None:
     """Remove the gate from the pod as read, reading it again when it changed meanwhile;
     return its name if this call removed the gate, None if it went or lost the gate first."""
-    from policies.queue import remove_gate
+    from policies.quota.queue import remove_gate
     from webhook.kube.errors import KubeError
 
     name = _name(pod)

@@ -10,11 +10,11 @@ in gpuadm's namespace, `webhook.gpu_hours.store`) at every checkpoint, 60 s by d
   leaves the record, and its COUNTED-TO, as they were);
 - a period is counted in whole buckets: the first bucket it reaches into (1 h wide by
   default, `serve --gpu-hours-bucket-seconds`; wider further back than the namespace's
-  longest budget window, `policies.gpu_hours.tiers`) is counted whole, as the budgets count
-  it (`policies.gpu_hours.ClassHours.within`), so a figure may include up to one bucket's
+  longest budget window, `policies.quota.gpu_hours.tiers`) is counted whole, as the budgets count
+  it (`policies.quota.gpu_hours.ClassHours.within`), so a figure may include up to one bucket's
   usage from before the period began;
 - the records keep 35 days of buckets, or the namespace's longest budget window and a day
-  (`policies.gpu_hours.KEEP_AT_LEAST`): a longer period counts no more than those; TOTAL
+  (`policies.quota.gpu_hours.KEEP_AT_LEAST`): a longer period counts no more than those; TOTAL
   never forgets.
 
 Budget columns follow the quota config in the cluster (`gpuadm-quotas`), read as `gpuadm
@@ -42,8 +42,8 @@ from webhook.cli.exits import CommandError, ExitCode
 if TYPE_CHECKING:
     from fractions import Fraction
 
-    from policies.budget import Budget
-    from policies.quotas import QuotaConfig
+    from policies.quota.budget import Budget
+    from policies.quota.quotas import QuotaConfig
     from webhook.gpu_hours.store import Stored
     from webhook.kube.rest import AsyncApi
 
@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 # that the commands that never do (review, check-config) start without them.
 
 DEFAULT_SINCE = "30d"
-# The longest period asked for: a budget's longest window (`policies.budget.MAX_WINDOW`).
+# The longest period asked for: a budget's longest window (`policies.quota.budget.MAX_WINDOW`).
 MAX_SINCE_DAYS = 366
 
 HEADER = ("NAMESPACE", "CLASS", "GPU-HOURS", "TOTAL", "COUNTED-TO", "BUDGET", "BUDGET-USED")
@@ -120,8 +120,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 def parse_since(text: str) -> int:
     """Read `--since`: a whole number of weeks, days, hours, minutes or seconds, as seconds
-    (`policies.budget.parse_duration`); raise `CommandError` naming the value otherwise."""
-    from policies.budget import DAY, parse_duration
+    (`policies.quota.budget.parse_duration`); raise `CommandError` naming the value otherwise."""
+    from policies.quota.budget import DAY, parse_duration
 
     try:
         seconds = parse_duration(text)
@@ -210,8 +210,8 @@ def usage_rows(
     the record counts or the namespace's budgets name, then `*` if it has a `*` budget."""
     from fractions import Fraction
 
-    from policies.gpu_hours import RecordError
-    from policies.quotas import ALL_CLASSES
+    from policies.quota.gpu_hours import RecordError
+    from policies.quota.quotas import ALL_CLASSES
 
     rows: list[UsageRow] = []
     for namespace in sorted(records):
@@ -248,7 +248,7 @@ def usage_rows(
 
 def _gpu_hours(gpu_seconds: Fraction) -> float:
     """GPU-seconds as GPU-hours, to the hundredth."""
-    from policies.budget import HOUR
+    from policies.quota.budget import HOUR
 
     return float(round(gpu_seconds / HOUR, 2))
 
@@ -258,8 +258,8 @@ def to_json(row: UsageRow, *, since: int, now: int) -> dict[str, Any]:
     GPU-seconds as text (`"7/3"` where a share made them a fraction)."""
     if row.error is not None:
         return {"namespace": row.namespace, "error": row.error}
-    from policies.budget import duration
-    from policies.gpu_hours import timestamp
+    from policies.quota.budget import duration
+    from policies.quota.gpu_hours import timestamp
 
     data: dict[str, Any] = {
         "namespace": row.namespace,
@@ -291,8 +291,8 @@ def write_csv(rows: list[UsageRow], *, since: int, now: int, headers: bool = Tru
 def table(rows: list[UsageRow], *, headers: bool = True) -> str:
     """Lay the rows out as kubectl does: a header, then a row per namespace and class; a
     record that cannot be read is its namespace and why."""
-    from policies.budget import hours
-    from policies.gpu_hours import timestamp
+    from policies.quota.budget import hours
+    from policies.quota.gpu_hours import timestamp
 
     shown: list[tuple[str, ...] | str] = []
     for row in rows:

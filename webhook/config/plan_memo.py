@@ -1,7 +1,7 @@
 """Remember plans: the pods of one ReplicaSet or Job get the same rewrite, computed once.
 
-Keyed by `policies.rewrite.memo_key`, which holds exactly what `plan` reads, so a remembered plan
-is the plan. The key is taken without the shape check of the pod's spec, which `plan` makes
+Keyed by `policies.access.rewrite.memo_key`, which holds exactly what `plan` reads, so a remembered
+plan is the plan. The key is taken without the shape check of the pod's spec, which `plan` makes
 on a miss: the key holds every field that check reads, so a hit is a pod already checked.
 One memo belongs to one config snapshot and goes with it on reload.
 
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies import Denial, Plan, Policy, plan
-from policies.pod_view import PodView
-from policies.rewrite import memo_key
+from policies.access.rewrite import memo_key
+from policies.pods.pod_view import PodView
 from webhook.observe.readings import MemoReading
 
 # Distinct pod shapes remembered. Pods of one ReplicaSet or Job share a shape, so a cluster

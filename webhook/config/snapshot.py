@@ -25,7 +25,7 @@ from policies import (
     load_quotas,
     policy_warnings,
 )
-from policies.pod_view import PodView
+from policies.pods.pod_view import PodView
 from webhook.config.plan_memo import PlanMemo
 from webhook.config.read_budget import READ_BUDGET_SECONDS, ReadOverran, read_within
 from webhook.observe.readings import MemoReading

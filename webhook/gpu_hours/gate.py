@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
 
 

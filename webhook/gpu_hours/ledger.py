@@ -2,7 +2,7 @@
 
 Every replica keeps the runs of GPU pods its pod watch shows (`runs.RunIndex`) and reads the
 records every `checkpoint_seconds`. The leader, at each checkpoint, counts each namespace's
-runs into its record, from the record's last checkpoint to now (`policies.gpu_hours.accrue`),
+runs into its record, from the record's last checkpoint to now (`policies.quota.gpu_hours.accrue`),
 keeps the record small (`compact`, `fit`), and writes it with the version it read. So:
 
 - what a namespace used is its record plus what its runs used since the record's checkpoint,
@@ -34,8 +34,8 @@ from collections.abc import Callable, Iterable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from policies.budget import Budget
-from policies.gpu_hours import (
+from policies.quota.budget import Budget
+from policies.quota.gpu_hours import (
     RECORD_MAX_BYTES,
     Hours,
     RecordError,
@@ -50,8 +50,8 @@ from policies.gpu_hours import (
     timestamp,
     used_in_windows,
 )
-from policies.judge import QuotaVerdict
-from policies.quotas import ALL_CLASSES, QuotaConfig, budgets_on
+from policies.quota.judge import QuotaVerdict
+from policies.quota.quotas import ALL_CLASSES, QuotaConfig, budgets_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.gpu_hours.runs import RunIndex
 from webhook.gpu_hours.store import HoursStore, Moved, RecordTooLarge, Stored

@@ -9,7 +9,7 @@ shows the deletion. So that a run is never counted short:
 - a run keeps the earliest start seen for its pod, whatever later statuses, lists and
   relists show: the kubelet keeps only a container's last two runs, so each restart hides
   an earlier start (and a pod whose first start is already hidden when first seen starts
-  at the pod's own start: `policies.gpu_hours.run_times`);
+  at the pod's own start: `policies.quota.gpu_hours.run_times`);
 - a start stamped later than this replica's clock says it is (a node's clock ahead) is
   taken as the moment it was seen: the pod was running by then;
 - a run that ended is kept until a checkpoint has counted it, however long the records
@@ -30,8 +30,8 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
-from policies.demand import TERMINAL_PHASES
-from policies.gpu_hours import Run, run_times
+from policies.access.demand import TERMINAL_PHASES
+from policies.quota.gpu_hours import Run, run_times
 
 if TYPE_CHECKING:
     from webhook.observe.metrics import Metrics
@@ -218,7 +218,7 @@ def run_of(
     charged: tuple[str, Fraction] | None = None,
 ) -> Run | None:
     """Return a GPU pod's run as its status shows it, or None if it holds no GPUs or no
-    container of it has started (`policies.gpu_hours.run_times` says when it ended)."""
+    container of it has started (`policies.quota.gpu_hours.run_times` says when it ended)."""
     status = pod.get("status")
     phase = status.get("phase") if isinstance(status, Mapping) else None
     ended_phase = phase in TERMINAL_PHASES

@@ -1,7 +1,7 @@
 """GPU-hours records kept in ConfigMaps, one per tenant namespace, in gpuadm's namespace.
 
 `gpuadm-gpu-hours-<namespace>` holds the namespace's `Hours` as JSON
-(`policies.gpu_hours.encode_hours`), labelled `gpuadm.io/gpu-hours-for: <namespace>`. A
+(`policies.quota.gpu_hours.encode_hours`), labelled `gpuadm.io/gpu-hours-for: <namespace>`. A
 record is found by its name, never by its label: every read lists the ConfigMaps of
 gpuadm's namespace and keeps those whose name makes them records, so a record whose label
 was taken off or changed is still read, never taken for none (the leader writes its labels
@@ -19,7 +19,13 @@ from typing import Any
 
 import orjson
 
-from policies.gpu_hours import RECORD_MAX_BYTES, Hours, RecordError, decode_hours, encode_hours
+from policies.quota.gpu_hours import (
+    RECORD_MAX_BYTES,
+    Hours,
+    RecordError,
+    decode_hours,
+    encode_hours,
+)
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import (
     HOURS_DATA_KEY,

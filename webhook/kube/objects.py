@@ -15,7 +15,7 @@ USAGE_RECORD_LABEL = "gpuadm.io/usage-for"
 # The label on a GPU-hours record that names its tenant namespace, for people and tools:
 # gpuadm finds a record by its name, and writes the label back on one that lost it.
 HOURS_RECORD_LABEL = "gpuadm.io/gpu-hours-for"
-# The key of a GPU-hours record's data (`policies.gpu_hours.encode_hours`, as JSON).
+# The key of a GPU-hours record's data (`policies.quota.gpu_hours.encode_hours`, as JSON).
 HOURS_DATA_KEY = "hours.json"
 
 

@@ -24,9 +24,9 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from policies.line import Key, key_of
 from policies.quantity import format_amount
-from policies.queue import Place, Waiting
+from policies.quota.line import Key, key_of
+from policies.quota.queue import Place, Waiting
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import EVENT_MESSAGE_MAX
 from webhook.kube.rest import AsyncApi

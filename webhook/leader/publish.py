@@ -26,7 +26,7 @@ from fractions import Fraction
 from typing import Any
 
 from policies.policy import MANAGED_BY, MANAGER
-from policies.quotas import ALL_CLASSES
+from policies.quota.quotas import ALL_CLASSES
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import GPUADM_API, AsyncApi

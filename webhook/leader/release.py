@@ -33,7 +33,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 
-from policies.queue import Waiting, remove_gate
+from policies.quota.queue import Waiting, remove_gate
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge, room_to_set_aside
-from policies.queue import is_gated, may_gate
-from policies.quotas import Terms, budgets_on, limits_on
+from policies.quota.judge import QuotaVerdict, judge, room_to_set_aside
+from policies.quota.queue import is_gated, may_gate
+from policies.quota.quotas import Terms, budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO

@@ -11,8 +11,8 @@ from fractions import Fraction
 from typing import Any
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge
-from policies.quotas import Terms
+from policies.quota.judge import QuotaVerdict, judge
+from policies.quota.quotas import Terms
 from webhook.quota.allowances import WAIT_SECONDS, ZERO
 from webhook.quota.book import ReservationBook
 from webhook.quota.reservations import Reservation

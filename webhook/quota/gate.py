@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from policies import Plan
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.reviews.request import AdmissionRequest
 

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
 from policies import Plan
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.admissions import AdmissionJudge

@@ -1,14 +1,14 @@
 """The queue line on the record: gated pods judged as they join, released in turns, and
 their room given back when they leave before their release.
 
-Queue mode (policies/queue.py) uses the reservation book's records. A pod created behind
+Queue mode (policies/quota/queue.py) uses the reservation book's records. A pod created behind
 gpuadm's gate is admitted without a charge, unless a pass over its line would release it at
 once; releasing it writes its reservation like any admission, before the gate is removed. A
 pod in line whose reservation is already in the record was released by a replica that did
 not get to remove its gate: it is charged, and only its gate is left to remove. So a release
 interrupted at any point is finished later, and charged once.
 
-Every answer comes from the line's index (`policies.line`, `UsageIndex.line`) and the
+Every answer comes from the line's index (`policies.quota.line`, `UsageIndex.line`) and the
 record: a turn visits the record and the pods it releases, never the whole line.
 
 `QueueLine` is what the leader's work sees of quota: it never reaches the store.
@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from policies import Plan
-from policies.judge import QuotaVerdict
-from policies.line import Line
-from policies.queue import Place, Waiting, waiting_pod
-from policies.quotas import QuotaConfig
+from policies.quota.judge import QuotaVerdict
+from policies.quota.line import Line
+from policies.quota.queue import Place, Waiting, waiting_pod
+from policies.quota.quotas import QuotaConfig
 from webhook.quota.book import RecordBusy, ReservationBook
 from webhook.quota.reservations import Conflict, RecordFull, Reservation, storable
 from webhook.quota.usage import UsageIndex
@@ -58,7 +58,7 @@ def held_in_line(message: str, gate: str, limit: Fraction | None) -> QuotaVerdic
 class Joining:
     """The gated pods of one batch of admissions joining a namespace's line, in order.
 
-    The line's index answers without visiting the line (`policies.line`): the pods of the
+    The line's index answers without visiting the line (`policies.quota.line`): the pods of the
     line the record charges already are left out (counted in what the namespace holds by
     their reservations), and the gated pods judged earlier in the batch join it, behind
     those of their order.

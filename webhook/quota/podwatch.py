@@ -17,7 +17,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from policies import Policy, QuotaConfig
-from policies.queue import Waiting
+from policies.quota.queue import Waiting
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi, WatchEvent

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from datetime import datetime
 
-from policies.quotas import QuotaConfig
+from policies.quota.quotas import QuotaConfig
 from webhook.config.snapshot import ConfigHolder
 from webhook.observe.metrics import Metrics
 from webhook.observe.readings import QueueReading, QuotaReading

@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from policies.budget import Budget
 from policies.quantity import format_amount
-from policies.queue import Waiting, in_line_order
-from policies.quotas import ALL_CLASSES, QuotaConfig
+from policies.quota.budget import Budget
+from policies.quota.queue import Waiting, in_line_order
+from policies.quota.quotas import ALL_CLASSES, QuotaConfig
 from webhook.quota.reservations import Reservation
 from webhook.quota.usage import Holding
 

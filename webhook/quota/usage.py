@@ -3,7 +3,7 @@
 Only GPU pods are kept, each as one small entry, and the sum per (namespace, class) is
 updated as pods come and go, so a quota judgement costs the same with 10 pods or 100,000.
 GPU pods held behind gpuadm's scheduling gate hold nothing: they are kept apart, as the
-lines of waiting pods, each an index in line order (`policies.line.Line`) changed one pod at
+lines of waiting pods, each an index in line order (`policies.quota.line.Line`) changed one pod at
 a time as the watch shows them, so that no judgement sorts or visits a whole line.
 """
 
@@ -18,9 +18,9 @@ from fractions import Fraction
 from typing import Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
-from policies.demand import TERMINAL_PHASES
-from policies.line import Line
-from policies.queue import Waiting, is_gated, waiting_pod
+from policies.access.demand import TERMINAL_PHASES
+from policies.quota.line import Line
+from policies.quota.queue import Waiting, is_gated, waiting_pod
 
 log = logging.getLogger("gpuadm.usage")
 

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from policies import Plan
-from policies.judge import QuotaVerdict, never_fits
+from policies.quota.judge import QuotaVerdict, never_fits
 from webhook.quota.line import held_in_line
 from webhook.quota.reservations import RecordFull, Reservation
 from webhook.reviews.request import AdmissionRequest

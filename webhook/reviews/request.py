@@ -13,7 +13,7 @@ from typing import Any, Literal, cast
 
 import orjson
 
-from policies.pod_shape import shown
+from policies.pods.pod_shape import shown
 
 API_VERSION = "admission.k8s.io/v1"
 # Reviews from this size up are large: a typical pod's review is 4 to 10 KiB and is planned

@@ -30,7 +30,7 @@ import orjson
 from aiohttp import web
 
 from certs import peer_certificate_verified
-from policies.pod_shape import shown
+from policies.pods.pod_shape import shown
 from webhook.admission.audit_record import audit_entry
 from webhook.admission.decision import Decision
 from webhook.observe.audit_log import AuditLog

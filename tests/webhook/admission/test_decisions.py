@@ -17,7 +17,7 @@ import jsonpatch
 import orjson
 import pytest
 
-from policies.dra_templates import ClaimTemplate
+from policies.pods.dra_templates import ClaimTemplate
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from webhook.admission import decisions
 from webhook.admission.decision import Decision

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from policies.dra_templates import ClaimTemplate
+from policies.pods.dra_templates import ClaimTemplate
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from tests.webhook.calls import Client, MakeClient, decoded_patch, post
 from webhook.claims.templates import ClaimError

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from policies import load_policy
-from policies.backends.dra import DraClass
-from policies.dra_templates import ClaimTemplate, Held
+from policies.classes.backends.dra import DraClass
+from policies.pods.dra_templates import ClaimTemplate, Held
 from webhook.claims.templates import CONFIRMED_SECONDS, ClaimError, ClusterTemplates
 from webhook.config.snapshot import ConfigHolder
 from webhook.kube.errors import KubeError

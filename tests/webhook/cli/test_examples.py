@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from policies.backends import BACKENDS
+from policies.classes.backends import BACKENDS
 from tests.support import ROOT
 from webhook.cli import main
 

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 import yaml
 
-from policies.budget import DAY, HOUR
-from policies.gpu_hours import Bucket, ClassHours, Hours, encode_hours
+from policies.quota.budget import DAY, HOUR
+from policies.quota.gpu_hours import Bucket, ClassHours, Hours, encode_hours
 from tests.builders import POLICY_YAML
 from tests.support import ROOT
 from tests.webhook.cli.apiserver import FakeApiserver, fake_apiserver, write_kubeconfig

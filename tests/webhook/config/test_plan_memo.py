@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 
 from policies import Denial, plan
-from policies.rewrite import memo_key
+from policies.access.rewrite import memo_key
 from tests.builders import pod
 from tests.policies.test_properties import POLICY, pods
 from webhook.config.plan_memo import PlanMemo

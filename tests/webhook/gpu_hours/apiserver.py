@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from policies.gpu_hours import Hours, decode_hours
+from policies.quota.gpu_hours import Hours, decode_hours
 from webhook.kube.endpoint import Endpoint
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import HOURS_DATA_KEY, Page, hours_record_name

@@ -9,7 +9,7 @@ from typing import Any
 import jsonpatch
 import orjson
 
-from policies.gpu_hours import Run
+from policies.quota.gpu_hours import Run
 from tests.builders import POLICY_YAML, pod, review
 from webhook.admission import decisions
 from webhook.admission.decision import Decision

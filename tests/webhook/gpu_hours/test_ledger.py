@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from policies.gpu_hours import Hours, Run
+from policies.quota.gpu_hours import Hours, Run
 from tests.builders import POLICY_YAML, container
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text

@@ -23,8 +23,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from policies.budget import DAY
-from policies.gpu_hours import RECORD_MAX_BYTES, timestamp
+from policies.quota.budget import DAY
+from policies.quota.gpu_hours import RECORD_MAX_BYTES, timestamp
 from tests.builders import POLICY_YAML
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text

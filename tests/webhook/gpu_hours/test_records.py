@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
-from policies.gpu_hours import Hours, Run, encode_hours
+from policies.quota.gpu_hours import Hours, Run, encode_hours
 from tests.builders import POLICY_YAML
 from tests.webhook.calls import MakeClient
 from tests.webhook.gpu_hours.apiserver import ConfigMaps

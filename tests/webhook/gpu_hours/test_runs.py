@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from policies.gpu_hours import Run, timestamp
+from policies.quota.gpu_hours import Run, timestamp
 from tests.builders import POLICY_YAML, container
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.gpu_hours.runs import RunIndex

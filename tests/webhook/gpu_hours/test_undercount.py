@@ -7,8 +7,8 @@ from __future__ import annotations
 from fractions import Fraction as F
 from typing import Any
 
-from policies.budget import DAY, HOUR
-from policies.gpu_hours import Run, timestamp
+from policies.quota.budget import DAY, HOUR
+from policies.quota.gpu_hours import Run, timestamp
 from tests.builders import POLICY_YAML, container
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
 from tests.webhook.gpu_hours.test_ledger import Clock

@@ -9,8 +9,8 @@ from fractions import Fraction as F
 from typing import Any
 
 from policies import load_quotas
-from policies.budget import Budget
-from policies.gpu_hours import Bucket, ClassHours, Hours, RecordError, Run
+from policies.quota.budget import Budget
+from policies.quota.gpu_hours import Bucket, ClassHours, Hours, RecordError, Run
 from tests.builders import POLICY_YAML
 from tests.webhook.leader.test_publish import GPUQuotas
 from webhook.config.snapshot import ConfigHolder, snapshot_from_text

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import pytest
 
 from policies import Plan, plan, require_fixed_point
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from tests.webhook.quota.stores import FailingStore, Fate
 from tests.webhook.quota.test_ledger import config, request, stored_pod
 from webhook.config.snapshot import ConfigSnapshot

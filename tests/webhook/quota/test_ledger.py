@@ -14,7 +14,7 @@ import jsonpatch
 import pytest
 
 from policies import plan, require_fixed_point
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError

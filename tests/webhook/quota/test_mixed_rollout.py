@@ -25,7 +25,7 @@ import orjson
 import pytest
 
 from policies import Plan
-from policies.judge import QuotaVerdict, judge
+from policies.quota.judge import QuotaVerdict, judge
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
 from tests.webhook.quota.test_allowances_random import ASKS, LIMITS, QUOTAS, Cluster, keep
 from tests.webhook.quota.test_ledger import stored_pod

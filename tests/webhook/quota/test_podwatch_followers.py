@@ -11,7 +11,7 @@ import jsonpatch
 
 from policies import plan
 from policies.policy import Policy
-from policies.quotas import QuotaConfig
+from policies.quota.quotas import QuotaConfig
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.kube.objects import Page

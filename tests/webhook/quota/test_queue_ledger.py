@@ -14,9 +14,9 @@ import jsonpatch
 import pytest
 
 from policies import Plan, plan, require_fixed_point
-from policies.judge import QuotaVerdict
 from policies.policy import GATE_SUFFIX
-from policies.queue import Place, Waiting, add_gate, remove_gate
+from policies.quota.judge import QuotaVerdict
+from policies.quota.queue import Place, Waiting, add_gate, remove_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError

@@ -10,7 +10,7 @@ import jsonpatch
 import pytest
 
 from policies import load_quotas, plan
-from policies.queue import Waiting, add_gate
+from policies.quota.queue import Waiting, add_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.cli.quota import table
 from webhook.config.snapshot import snapshot_from_text

@@ -22,9 +22,9 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from policies import plan, require_fixed_point
-from policies.judge import QuotaVerdict
 from policies.policy import GATE_SUFFIX
-from policies.queue import add_gate, remove_gate
+from policies.quota.judge import QuotaVerdict
+from policies.quota.queue import add_gate, remove_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.kube.objects import Page

@@ -9,7 +9,7 @@ import jsonpatch
 import pytest
 
 from policies import Plan
-from policies.judge import QuotaVerdict
+from policies.quota.judge import QuotaVerdict
 from tests.apiserver_rules import violations
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from tests.webhook.calls import Client, MakeClient, decoded_patch, post

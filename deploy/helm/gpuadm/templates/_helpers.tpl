@@ -181,7 +181,7 @@ gpuResources and policy.domain so that the list lives in values.yaml only), or t
 GPUs another way that the policy's guard denies: NVIDIA_VISIBLE_DEVICES in any container, a
 mount whose path names nvidia-container-devices, or a hostPath under /dev/nvidia or of a
 directory that holds the device files (/dev/char, /run/nvidia/driver/dev, a directory above
-them) however spelt (policies/guard.py).
+them) however spelt (policies/access/guard/).
 */}}
 {{- define "gpuadm.concernsGpuadm" -}}
 {{- $prefixes := concat (list (printf "%s/" (include "gpuadm.domain" .))) .Values.gpuResources.prefixes .Values.gpuResources.extraPrefixes | uniq -}}
@@ -231,9 +231,9 @@ object != null && has(object.spec) && (
 {{/*
 CEL, true when the old or the new pod has a label or annotation under policy.domain, or one
 of the annotations with which a pod chooses its devices (DEVICE_CHOICE_ANNOTATIONS in
-policies/models.py): only gpuadm writes them; or one of those with which HAMi's and Volcano's
-schedulers tell their device plugins what to allocate (ALLOCATION_ANNOTATIONS in
-policies/guard.py): only the GPU stack writes them.
+policies/classes/models.py): only gpuadm writes them; or one of those with which HAMi's and
+Volcano's schedulers tell their device plugins what to allocate (ALLOCATION_ANNOTATIONS in
+policies/access/guard/): only the GPU stack writes them.
 */}}
 {{- define "gpuadm.touchesGpuadmKeys" -}}
 {{- $prefix := printf "%s/" (include "gpuadm.domain" .) | squote -}}

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from policies.guard.violations import Violation, mapping, place_of, shown_value
-from policies.pod_view import ContainerView, PodView
+from policies.access.guard.violations import Violation, mapping, place_of, shown_value
+from policies.pods.pod_view import ContainerView, PodView
 from policies.policy import Guard
 
 # The NVIDIA Container Toolkit's volume-mounts device list: a mount whose destination, once

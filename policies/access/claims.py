@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from policies.dra_templates import parse_template_name, requested_device_classes
 from policies.errors import Denial
-from policies.pod_shape import check_metadata, shown
+from policies.pods.dra_templates import parse_template_name, requested_device_classes
+from policies.pods.pod_shape import check_metadata, shown
 from policies.policy import MANAGED_BY, MANAGER, Policy
 
 
@@ -59,7 +59,7 @@ def check_claim(claim: Mapping[str, Any], policy: Policy) -> None:
 def named_claims(pod: Mapping[str, Any]) -> list[str]:
     """Return the ResourceClaims a pod names directly, in `spec.resourceClaims` order.
 
-    Call it on a pod whose fields `policies.pod_shape.check_pod` has checked.
+    Call it on a pod whose fields `policies.pods.pod_shape.check_pod` has checked.
     """
     entries = (pod.get("spec") or {}).get("resourceClaims") or ()
     return [e["resourceClaimName"] for e in entries if e.get("resourceClaimName")]

@@ -11,15 +11,15 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
 from pydantic_core import PydanticCustomError
 
-from policies.budget import Budget, parse_budget
-from policies.class_base import Model, namespace_name
+from policies.classes.class_base import Model, namespace_name
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
+from policies.quota.budget import Budget, parse_budget
 from policies.suggest import suggestion
 
 ALL_CLASSES = "*"
 # enforce: refuse what does not fit; warn: admit it with a warning; queue: hold it behind a
-# scheduling gate until it fits (policies/queue.py).
+# scheduling gate until it fits (policies/quota/queue.py).
 Mode = Literal["enforce", "warn", "queue"]
 # Keys of a namespace's entry that are not limits.
 ENTRY_KEYS = ("defaultClass", "mode", "budget")
@@ -89,7 +89,7 @@ class Terms(NamedTuple):
     limits: Mapping[str, Fraction]
     mode: Mode
     default_class: str | None
-    # GPU-hour budgets per class (and `*`): `policies.gpu_hours`.
+    # GPU-hour budgets per class (and `*`): `policies.quota.gpu_hours`.
     budgets: Mapping[str, Budget] = {}
 
 

@@ -37,8 +37,8 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
-from policies.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.class_base import (
+from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.classes.class_base import (
     LABEL_VALUE,
     ClassBase,
     DevicesConfigMaps,
@@ -47,8 +47,8 @@ from policies.class_base import (
     ResourceName,
 )
 from policies.errors import Denial
-from policies.pod_shape import shown
-from policies.pod_view import ContainerView, PodView
+from policies.pods.pod_shape import shown
+from policies.pods.pod_view import ContainerView, PodView
 from policies.quantity import (
     MiB,
     QuantityError,

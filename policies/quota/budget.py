@@ -1,7 +1,7 @@
 """A GPU-hour budget as `quotas.yaml` writes it: GPU-hours of a class over a rolling window.
 
 `500h/7d` is 500 GPU-hours in any 7 days. Seconds are whole: Kubernetes' timestamps have no
-finer grain. What is counted against a budget, and when, is `policies.gpu_hours`.
+finer grain. What is counted against a budget, and when, is `policies.quota.gpu_hours`.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ the plan memo is keyed by exactly what `plan` reads (`memo_key`), which leaves e
 volumes and security contexts out.
 """
 
-from policies.guard.allocation import ALLOCATION_ANNOTATIONS
-from policies.guard.checks import (
+from policies.access.guard.allocation import ALLOCATION_ANNOTATIONS
+from policies.access.guard.checks import (
     check_added_containers,
     check_allocation_update,
     check_devices_config_map,

@@ -1,7 +1,7 @@
 """What every GPU class has, whatever its backend, and the config types the classes share.
 
-Every backend in `policies.backends` is a `ClassBase`; the union of them all is
-`policies.backends.GpuClass`.
+Every backend in `policies.classes.backends` is a `ClassBase`; the union of them all is
+`policies.classes.backends.GpuClass`.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from policies.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.dra_templates import ClaimTemplate, Held
+from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.classes.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
 from policies.errors import Denial
-from policies.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
-from policies.pod_view import ContainerView, PodView
+from policies.pods.dra_templates import ClaimTemplate, Held
+from policies.pods.pod_view import ContainerView, PodView
 from policies.quantity import (
     QuantityError,
     format_amount,

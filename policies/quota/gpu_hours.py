@@ -32,9 +32,9 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from policies.budget import DAY, HOUR, Budget, duration
-from policies.judge import NEARLY_FULL, QuotaVerdict
-from policies.quotas import ALL_CLASSES, Mode, budgets_on
+from policies.quota.budget import DAY, HOUR, Budget, duration
+from policies.quota.judge import NEARLY_FULL, QuotaVerdict
+from policies.quota.quotas import ALL_CLASSES, Mode, budgets_on
 
 # The latest moment a record may name: the year 5138. Later ones (a hand-edited record) are
 # refused when it is read, and could not be said as a date.

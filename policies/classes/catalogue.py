@@ -4,7 +4,7 @@ HAMi and Volcano match `nvidia.com/use-gputype` as a case-insensitive substring 
 node registers its GPUs under, so a class whose use-list is `NVIDIA A10` would also land on
 an `NVIDIA A100-PCIE-40GB` that no class of the policy names. gpuadm excludes, through
 `nvidia.com/nouse-gputype`, every GPU name it knows that the use-list would also match: the
-policy's models and the names below (`policies.models.gputype_annotations`).
+policy's models and the names below (`policies.classes.models.gputype_annotations`).
 
 Each entry is a product name as the driver reports it (`nvidia-smi --query-gpu=name`, NVML's
 `nvmlDeviceGetName`), for data-centre and workstation GPUs, which are what Kubernetes GPU

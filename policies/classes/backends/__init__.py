@@ -5,14 +5,14 @@ device plugins written in code are in `device_plugins`, the stacks declared in t
 (`extended` and its presets) in `extended`, Dynamic Resource Allocation in `dra`, and NVIDIA's KAI
 Scheduler, which reads shares from pod annotations, in `kai`. What
 every class has, and what the rest of the core may ask of any of them, is in
-`policies.class_base`: a new backend is one class here, and its tests.
+`policies.classes.class_base`: a new backend is one class here, and its tests.
 """
 
 from typing import Annotated
 
 from pydantic import Discriminator
 
-from policies.backends.device_plugins import (
+from policies.classes.backends.device_plugins import (
     GpuManagerClass,
     GpushareClass,
     HamiClass,
@@ -22,8 +22,8 @@ from policies.backends.device_plugins import (
     VirtualGpuClass,
     VolcanoClass,
 )
-from policies.backends.dra import DraClass
-from policies.backends.extended import (
+from policies.classes.backends.dra import DraClass
+from policies.classes.backends.extended import (
     CgpuClass,
     ElasticGpuClass,
     ExtendedBase,
@@ -31,8 +31,8 @@ from policies.backends.extended import (
     MgpuClass,
     QgpuClass,
 )
-from policies.backends.kai import KaiClass
-from policies.class_base import ClassBase
+from policies.classes.backends.kai import KaiClass
+from policies.classes.class_base import ClassBase
 
 GpuClass = Annotated[
     NvidiaClass

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from fractions import Fraction
 
-from policies.dra_templates import Held
+from policies.pods.dra_templates import Held
 from policies.quantity import format_amount, format_memory
 
 

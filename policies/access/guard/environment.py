@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from policies.guard.violations import Violation, mapping, place_of, shown_value
-from policies.pod_view import ContainerView
+from policies.access.guard.violations import Violation, mapping, place_of, shown_value
+from policies.pods.pod_view import ContainerView
 from policies.policy import Guard
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"

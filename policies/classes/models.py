@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal, NamedTuple
 
-from policies.catalogue import GPU_NAMES
+from policies.classes.catalogue import GPU_NAMES
 
 GFD_PRODUCT_LABEL = "nvidia.com/gpu.product"
 USE_GPUTYPE = "nvidia.com/use-gputype"
@@ -95,7 +95,7 @@ def gputype_annotations(
     """Return the `use-gputype`/`nouse-gputype` annotations that select exactly `models`.
 
     `others` are the models of the policy's other classes, and `catalogue` the GPU names
-    gpuadm knows besides (`policies.catalogue`): the class's pods must get none of them.
+    gpuadm knows besides (`policies.classes.catalogue`): the class's pods must get none of them.
     Both stacks compare an entry with a device's type by case-insensitive substring, so
     `NVIDIA A10` also matches `NVIDIA A100-PCIE-40GB`. HAMi keeps a device that some entry of
     `use-gputype` matches and no entry of `nouse-gputype` does, so every known name that the

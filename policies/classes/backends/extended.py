@@ -29,10 +29,10 @@ from pydantic import (
     model_validator,
 )
 
-from policies.asks import Ask, Grant, MemoryShare, Whole
-from policies.class_base import Bytes, ClassBase, Model
+from policies.classes.asks import Ask, Grant, MemoryShare, Whole
+from policies.classes.class_base import Bytes, ClassBase, Model
+from policies.classes.models import ClassModel
 from policies.errors import Denial
-from policies.models import ClassModel
 from policies.quantity import floor_div, format_bytes, memory_unit_name
 
 Dimension = Literal["count", "compute", "memory"]

@@ -17,10 +17,9 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, model_validator
 from pydantic_core import PydanticCustomError
 
-from policies.asks import Ask, Grant, MemoryShare, Whole
-from policies.class_base import Bytes, ClassBase, GpuName, Model, ResourceName
-from policies.errors import Denial
-from policies.models import (
+from policies.classes.asks import Ask, Grant, MemoryShare, Whole
+from policies.classes.class_base import Bytes, ClassBase, GpuName, Model, ResourceName
+from policies.classes.models import (
     GFD_PRODUCT_LABEL,
     STACK_NAMES,
     USE_GPUTYPE,
@@ -29,6 +28,7 @@ from policies.models import (
     gputype_annotations,
     unexcluded,
 )
+from policies.errors import Denial
 from policies.quantity import (
     MiB,
     ceil_div,
@@ -81,7 +81,7 @@ class VirtualGpuClass(ClassBase):
     """HAMi and Volcano's vGPU: a count of GPUs, each with memory (MiB) and cores (%).
 
     The GPU model is chosen by the pod annotations `nvidia.com/use-gputype` and
-    `nouse-gputype`: derived from `models` (see `policies.models.gputype_annotations`), or
+    `nouse-gputype`: derived from `models` (see `policies.classes.models.gputype_annotations`), or
     `gpuTypes` written as they are.
     """
 
@@ -127,7 +127,7 @@ class VirtualGpuClass(ClassBase):
 
         HAMi and Volcano match `nvidia.com/use-gputype` by case-insensitive substring, so a
         class typed `A10` would also land on A100s. `gpuTypes` are written as they are, so
-        gpuadm can only refuse such a pair; `models` it can make exact (`policies.models`).
+        gpuadm can only refuse such a pair; `models` it can make exact (`policies.classes.models`).
         """
         stack = STACK_NAMES[self.stack]
         for entry in self.gputype_entries():

@@ -1,6 +1,6 @@
 """A namespace's line of waiting pods as an index kept up to date, not a list sorted per use.
 
-`policies.queue.next_releases` decides a line by sorting it and visiting every pod: fine for
+`policies.quota.queue.next_releases` decides a line by sorting it and visiting every pod: fine for
 a few pods, but an admission in a namespace with 20,000 pods waiting paid for all of them.
 `Line` keeps the same pods, per class, in sorted lists (by priority, creation time, name,
 as `Waiting.order`), changed one pod at a time as the pod watch shows them come and go. What
@@ -28,9 +28,9 @@ from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 
-from policies.judge import judge, never_fits
-from policies.queue import Place, Waiting, take_if_fits
-from policies.quotas import ALL_CLASSES, limits_on
+from policies.quota.judge import judge, never_fits
+from policies.quota.queue import Place, Waiting, take_if_fits
+from policies.quota.quotas import ALL_CLASSES, limits_on
 
 # (-priority, created, name, uid): line order, the uid telling apart pods of one name.
 Key = tuple[int, str, str, str]

@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 from policies.errors import Denial
-from policies.pod_shape import clipped, shown
-from policies.pod_view import ContainerView
+from policies.pods.pod_shape import clipped, shown
+from policies.pods.pod_view import ContainerView
 
 CONTAINER_KINDS = {
     "initContainers": "init container",

@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Literal, NamedTuple
 
-from policies.asks import Ask, MemoryShare, Share, Whole
-from policies.class_base import ClassBase
-from policies.dra_templates import (
+from policies.classes.asks import Ask, MemoryShare, Share, Whole
+from policies.classes.class_base import ClassBase
+from policies.errors import Denial
+from policies.pods.dra_templates import (
     DEVICE_CLASS_RESOURCE_PREFIX,
     PORTIONS,
     Held,
@@ -22,9 +23,8 @@ from policies.dra_templates import (
     is_entry_name,
     parse_template_name,
 )
-from policies.errors import Denial
-from policies.pod_shape import clipped, shown
-from policies.pod_view import ContainerView, PodView
+from policies.pods.pod_shape import clipped, shown
+from policies.pods.pod_view import ContainerView, PodView
 from policies.policy import REQUEST_ANNOTATIONS, STANDARD_GPU, ClassKey, Policy, ResourceRole
 from policies.quantity import QuantityError, format_amount, parse_quantity
 

@@ -2,7 +2,7 @@
 
 A `dra` class is given to a container as a claim for whole devices of the class's
 DeviceClass, selected by CEL on the driver's `productName` attribute (and any selectors the
-admin adds), from a ResourceClaimTemplate that gpuadm keeps (`policies.dra_templates`).
+admin adds), from a ResourceClaimTemplate that gpuadm keeps (`policies.pods.dra_templates`).
 
 With `sharing`, a share of one device is a claim for part of its capacity (Kubernetes'
 consumable capacity, KEP-5075: alpha `DRAConsumableCapacity` in 1.34). A driver publishes a
@@ -38,17 +38,17 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from policies.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.class_base import ClassBase, Model, ResourceName
-from policies.dra_templates import (
+from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.classes.class_base import ClassBase, Model, ResourceName
+from policies.classes.models import dra_selector
+from policies.errors import Denial
+from policies.pods.dra_templates import (
     DEVICE_CLASS_RESOURCE_PREFIX,
     PORTIONS,
     REQUEST_NAME,
     ClaimTemplate,
     Held,
 )
-from policies.errors import Denial
-from policies.models import dra_selector
 from policies.quantity import (
     MiB,
     QuantityError,

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from policies.judge import QuotaVerdict, judge, never_fits
-from policies.pod_view import PodView
+from policies.pods.pod_view import PodView
 from policies.quantity import format_amount
-from policies.quotas import ALL_CLASSES, limits_on
+from policies.quota.judge import QuotaVerdict, judge, never_fits
+from policies.quota.quotas import ALL_CLASSES, limits_on
 
 
 def _spec(pod: Mapping[str, Any] | PodView) -> Mapping[str, Any]:
@@ -107,7 +107,7 @@ def waiting_pod(pod: Mapping[str, Any], class_name: str, charge: Fraction) -> Wa
 
 def in_line_order(line: Iterable[Waiting]) -> list[Waiting]:
     """Return the pods in the order they are released (the reference order: the index of a
-    namespace's line, policies/line.py, keeps its pods in this order as they come and go)."""
+    namespace's line, policies/quota/line.py, keeps its pods in this order as they come and go)."""
     return sorted(line, key=Waiting.order)
 
 
@@ -144,7 +144,7 @@ def next_releases(
     Each released pod is counted before the next is judged, so the released pods fit
     together. A pod that does not fit blocks the limits it exceeded for every pod behind it.
 
-    This visits and sorts the whole line: it is the reference that `policies.line.Line`, the
+    This visits and sorts the whole line: it is the reference that `policies.quota.line.Line`, the
     index the ledger and the leader use, is tested against.
     """
     used = dict(in_use)

@@ -14,14 +14,20 @@ from typing import Any
 
 import orjson
 
-from policies.asks import Grant
-from policies.class_base import ClassBase, rounding_warning
-from policies.demand import ContainerDemand, ContainerRef, PodDemand, effective_demand, read_demand
-from policies.dra_templates import ClaimTemplate, Held, entry_name, is_entry_name
+from policies.access.demand import (
+    ContainerDemand,
+    ContainerRef,
+    PodDemand,
+    effective_demand,
+    read_demand,
+)
+from policies.classes.asks import Grant
+from policies.classes.class_base import ClassBase, rounding_warning
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
 from policies.errors import Denial
-from policies.models import DEVICE_CHOICE_ANNOTATIONS
-from policies.pod_shape import REQUIRED, check_metadata, check_pod, shown
-from policies.pod_view import PodView, view_pod
+from policies.pods.dra_templates import ClaimTemplate, Held, entry_name, is_entry_name
+from policies.pods.pod_shape import REQUIRED, check_metadata, check_pod, shown
+from policies.pods.pod_view import PodView, view_pod
 from policies.policy import REQUEST_ANNOTATIONS, Policy
 from policies.quantity import format_amount, parse_quantity
 

@@ -1,6 +1,6 @@
 """gpuadm's ResourceClaimTemplates, and the names that say what they hold.
 
-A pod of a `dra` class (`policies.backends.dra`) gets its GPUs from a ResourceClaimTemplate
+A pod of a `dra` class (`policies.classes.backends.dra`) gets its GPUs from a ResourceClaimTemplate
 that gpuadm keeps, one per class and what a claim holds, named for it:
 `gpuadm-<class>-<count>-<digest>` for `count` whole devices, `gpuadm-<class>-p<portion>-<digest>`
 for a share of one device sized at `portion` hundredths of it, where the digest is that of the

@@ -8,13 +8,24 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from policies.dra_templates import parse_template_name
+from policies.access.guard.allocation import (
+    brought_annotations,
+    brought_labels,
+    changed_annotations,
+)
+from policies.access.guard.environment import env_from_violations, env_violations
+from policies.access.guard.paths import device_list_mounts, host_path_violations
+from policies.access.guard.violations import (
+    Violation,
+    as_list,
+    mapping,
+    place_of,
+    refuse,
+    shown_value,
+)
 from policies.errors import Denial
-from policies.guard.allocation import brought_annotations, brought_labels, changed_annotations
-from policies.guard.environment import env_from_violations, env_violations
-from policies.guard.paths import device_list_mounts, host_path_violations
-from policies.guard.violations import Violation, as_list, mapping, place_of, refuse, shown_value
-from policies.pod_view import ContainerView, PodView, as_view, view_containers
+from policies.pods.dra_templates import parse_template_name
+from policies.pods.pod_view import ContainerView, PodView, as_view, view_containers
 from policies.policy import REQUEST_ANNOTATIONS, Policy, ResourceRole
 
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from policies.quantity import format_amount
-from policies.quotas import ALL_CLASSES, Mode
+from policies.quota.quotas import ALL_CLASSES, Mode
 
 # Above this share of a limit, an admitted pod carries a warning that the quota is nearly used.
 NEARLY_FULL = Fraction(9, 10)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from policies.guard.violations import Violation, mapping
+from policies.access.guard.violations import Violation, mapping
 
 # The pod annotations with which a stack's scheduler tells its device plugin what to give the
 # pod, and which pod is being bound where: the plugin gives the devices (and the memory and
