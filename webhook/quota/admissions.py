@@ -36,7 +36,7 @@ from fractions import Fraction
 from policies import Plan
 from policies.quota.judge import QuotaVerdict, judge, room_to_set_aside
 from policies.quota.queue import is_gated, may_gate
-from policies.quota.quotas import Terms, budgets_on, limits_on
+from policies.quota.quotas import Terms, limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
@@ -48,11 +48,12 @@ from webhook.quota.aside import (
     waits,
     would_wait,
 )
-from webhook.quota.book import NOT_IN_SYNC, NotInSync, RecordBusy, ReservationBook
+from webhook.quota.book import RecordBusy, ReservationBook
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import RecordFull, Reservation, UnreadableRecord
 from webhook.quota.verdicts import never_fitting, reservation_key, when_full, without
+from webhook.quota.watermark import NOT_IN_SYNC, NotInSync
 from webhook.reviews.request import AdmissionRequest
 
 log = logging.getLogger("gpuadm.quota")
@@ -161,28 +162,6 @@ class AdmissionJudge:
             )
         return verdict
 
-    def should_gate(
-        self, namespace: str, plan: Plan, config: ConfigSnapshot
-    ) -> QuotaVerdict | None:
-        """In a queue namespace, give every pod a limit or a GPU-hour budget applies to
-        gpuadm's gate at creation.
-
-        The validating judgement then either charges it at once (the gate is removed by the
-        leader within moments) or leaves it waiting in line, uncharged. So a burst of creates
-        is never refused for lack of room, and waits in order. A pod that could never fit is
-        refused (`allowed` False); None means no gate.
-        """
-        class_name = plan.class_name
-        if class_name is None:
-            return None
-        terms = config.quotas.terms(namespace)
-        if terms.mode != "queue":
-            return None
-        if not (limits_on(class_name, terms.limits) or budgets_on(class_name, terms.budgets)):
-            return None
-        never = never_fitting(namespace, plan, terms.limits)
-        return never if never is not None else QuotaVerdict(True, queued=True)
-
     async def _commit(self, namespace: str) -> None:
         """Judge and store the namespace's pending admissions, a batch at a time, until none."""
         try:
@@ -244,7 +223,7 @@ class AdmissionJudge:
         `Waits`."""
         book = self.book
         record = await book.read_copy(namespace)
-        await book.catch_up(namespace, record)
+        await book.watermark.catch_up(namespace, record)
         # Nothing awaits from here to the write (or to `restore`): no pod is admitted from
         # the room meanwhile.
         aside = book.allowances.release(namespace)

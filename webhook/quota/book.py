@@ -41,13 +41,13 @@ from webhook.quota.allowances import ZERO, Allowances, holder_name
 from webhook.quota.reservations import (
     Allowance,
     Conflict,
-    Mark,
     Record,
     RecordFull,
     Reservation,
     ReservationStore,
 )
 from webhook.quota.usage import UsageIndex
+from webhook.quota.watermark import CATCH_UP_SECONDS, Watermark
 
 if TYPE_CHECKING:
     from webhook.observe.metrics import Metrics
@@ -59,11 +59,6 @@ RESERVATION_TTL = 90.0
 # a burst far beyond what one namespace sees; then the request is refused with "retry"
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
-# How long a judgement waits for this replica's pod watch to reach a record's mark: the
-# event it waits for has reached every watcher at once, so a healthy watch takes
-# milliseconds; then the request is refused with "retry".
-CATCH_UP_SECONDS = 2.0
-NOT_IN_SYNC = "gpuadm's view of GPU usage is not in sync with the cluster yet; retry"
 
 T = TypeVar("T")
 
@@ -74,17 +69,6 @@ class RecordBusy(KubeError):
     def __init__(self, namespace: str) -> None:
         self.detail = f'the quota record of namespace "{namespace}" is busy'
         super().__init__(409, self.detail)
-
-
-class NotInSync(KubeError):
-    """This replica's view of pods has not reached a record's mark in time."""
-
-    def __init__(self, namespace: str, mark: Mark) -> None:
-        self.detail = (
-            f"the pod view has not reached the mark {mark.version} of the quota record of "
-            f'namespace "{namespace}"'
-        )
-        super().__init__(503, self.detail)
 
 
 class ReservationBook:
@@ -114,8 +98,9 @@ class ReservationBook:
         as a pod, and nothing is set aside."""
         self.usage = usage
         self.pods_visible = pods_visible
-        self.catch_up_seconds = catch_up_seconds
-        self._relist = relist
+        self.watermark = Watermark(
+            usage, pods_visible=pods_visible, clock=clock, within=catch_up_seconds, relist=relist
+        )
         self.clock = clock
         self.reservation_ttl = reservation_ttl
         self._store = store
@@ -163,7 +148,7 @@ class ReservationBook:
         if pending:
             reservations = {**pending, **reservations}
         allowance_map, written = allowances.composed(namespace, read, self.clock(), take, limits)
-        kept, mark = self.dropping(reservations, read.mark)
+        kept, mark = self.watermark.dropping(reservations, read.mark)
         try:
             new_version = await self._store.write(
                 namespace, kept, read.version, mark, allowances=allowance_map
@@ -175,46 +160,6 @@ class ReservationBook:
             raise
         self._copies[namespace] = Record(kept, new_version, mark, allowance_map)
         allowances.stored(namespace, flushed, written)
-
-    def dropping(
-        self, reservations: dict[str, Reservation], mark: Mark
-    ) -> tuple[dict[str, Reservation], Mark]:
-        """Return the reservations a write keeps and the record's mark after it.
-
-        Only the reservations of pods shown by a watch of the label the mark is for go, or
-        of any label while the mark is unset: a replica that watches another label would
-        not have seen them."""
-        usage = self.usage
-        if not self.pods_visible or (mark.version and mark.label != usage.label):
-            return reservations, mark
-        kept: dict[str, Reservation] = {}
-        top = 0
-        for uid, reservation in reservations.items():
-            shown = usage.shown_in(uid)
-            if shown is None:
-                kept[uid] = reservation
-            elif shown > top:
-                top = shown
-        if len(kept) == len(reservations):
-            return reservations, mark
-        return kept, Mark(max(mark.version, top), usage.label, self.clock())
-
-    async def catch_up(self, namespace: str, record: Record) -> None:
-        """Return once this replica's view of pods has reached the record's mark, so that
-        it counts every pod whose reservation left the record; raise `NotInSync` if it has
-        not within `catch_up_seconds`."""
-        mark = record.mark
-        if not mark.version or not self.pods_visible:
-            return
-        usage = self.usage
-        if mark.label == usage.label:
-            if await usage.reach(mark.version, within=self.catch_up_seconds):
-                return
-        elif usage.listed_version >= mark.version:
-            return
-        else:  # only a full list, at or after the mark, holds the pods of the other label
-            self._relist()
-        raise NotInSync(namespace, mark)
 
     async def compare_and_swap(self, namespace: str, attempt: Callable[[], Awaitable[T]]) -> T:
         """Run `attempt` (read the record, decide, write at the version read) until its
@@ -361,7 +306,7 @@ class ReservationBook:
                 record = await self._store.read(namespace)
                 now = self.clock()
                 unexpired = self.unexpired(namespace, record, now)
-                kept, mark = self.dropping(unexpired, record.mark)
+                kept, mark = self.watermark.dropping(unexpired, record.mark)
                 marked = mark.version and now - mark.at < self.reservation_ttl
                 set_aside = self.allowances.others(record.allowances, now) or (
                     self.allowances.holds(namespace, now)

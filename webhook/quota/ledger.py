@@ -22,11 +22,13 @@ from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.admissions import AdmissionJudge
 from webhook.quota.allowances import KEEP_SECONDS
-from webhook.quota.book import CATCH_UP_SECONDS, RESERVATION_TTL, ReservationBook
+from webhook.quota.book import RESERVATION_TTL, ReservationBook
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import ReservationStore
 from webhook.quota.usage import UsageIndex
+from webhook.quota.verdicts import gate_verdict
+from webhook.quota.watermark import CATCH_UP_SECONDS
 from webhook.reviews.request import AdmissionRequest
 
 if TYPE_CHECKING:
@@ -89,8 +91,8 @@ class QuotaLedger:
     def should_gate(
         self, namespace: str, plan: Plan, config: ConfigSnapshot
     ) -> QuotaVerdict | None:
-        """Say whether a pod being created gets gpuadm's gate (`AdmissionJudge.should_gate`)."""
-        return self.judge.should_gate(namespace, plan, config)
+        """Say whether a pod being created gets gpuadm's gate (`verdicts.gate_verdict`)."""
+        return gate_verdict(namespace, plan, config)
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot

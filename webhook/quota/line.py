@@ -152,7 +152,7 @@ class QueueLine:
         # admission, and a pass that releases nothing writes nothing, so it would never
         # learn of them from a failed write.
         record = await self._book.read(namespace)
-        await self._book.catch_up(namespace, record)
+        await self._book.watermark.catch_up(namespace, record)
         now = self._book.clock()
         reservations = self._book.unexpired(namespace, record, now)
         line = self._usage.line(namespace)

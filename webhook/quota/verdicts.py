@@ -1,5 +1,6 @@
-"""What the admission judge answers beside the judgement itself: a pod that can never fit,
-a batch whose record is full, and the key a pod's reservation is kept under."""
+"""What the admission judge answers beside the judgement itself: whether a pod is created
+behind the gate, a pod that can never fit, a batch whose record is full, and the key a pod's
+reservation is kept under."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from fractions import Fraction
 
 from policies import Plan
 from policies.quota.judge import QuotaVerdict, never_fits
+from policies.quota.quotas import budgets_on, limits_on
+from webhook.config.snapshot import ConfigSnapshot
 from webhook.quota.line import held_in_line
 from webhook.quota.reservations import RecordFull, Reservation
 from webhook.reviews.request import AdmissionRequest
@@ -56,3 +59,24 @@ def reservation_key(request: AdmissionRequest) -> str:
     """Key a reservation by the pod's uid, which the apiserver sets before validation."""
     uid = (request.object.get("metadata") or {}).get("uid")
     return str(uid) if uid else f"request-{request.uid}"
+
+
+def gate_verdict(namespace: str, plan: Plan, config: ConfigSnapshot) -> QuotaVerdict | None:
+    """In a queue namespace, give every pod a limit or a GPU-hour budget applies to
+    gpuadm's gate at creation.
+
+    The validating judgement then either charges it at once (the gate is removed by the
+    leader within moments) or leaves it waiting in line, uncharged. So a burst of creates
+    is never refused for lack of room, and waits in order. A pod that could never fit is
+    refused (`allowed` False); None means no gate.
+    """
+    class_name = plan.class_name
+    if class_name is None:
+        return None
+    terms = config.quotas.terms(namespace)
+    if terms.mode != "queue":
+        return None
+    if not (limits_on(class_name, terms.limits) or budgets_on(class_name, terms.budgets)):
+        return None
+    never = never_fitting(namespace, plan, terms.limits)
+    return never if never is not None else QuotaVerdict(True, queued=True)

@@ -29,11 +29,11 @@ from tests.builders import POLICY_YAML, pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.kube.objects import Page
 from webhook.observe.metrics import Metrics
-from webhook.quota.book import NOT_IN_SYNC
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.podwatch import PodWatcher
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
+from webhook.quota.watermark import NOT_IN_SYNC
 from webhook.reviews.request import AdmissionRequest
 
 QUOTAS = "namespaces:\n  team-a: {h100: 4, a100: 1}\n  team-q: {mode: queue, h100: 1}\n"
