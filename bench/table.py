@@ -76,9 +76,9 @@ def rows(results: dict[str, Any]) -> list[Row]:
     return found
 
 
-# What starting gpuadm may add to the interpreter's own start, for the commands people and
-# CI run on every change (issue 24: under 0.3 s in all on the development machine).
-STARTUP_ADDED_MS = 250
+# How long the commands people and CI run on every change may take from start to exit, in
+# all (the interpreter's own start, `python -c pass`, is the anchor).
+STARTUP_MS = 300
 
 
 def startup_rows(startup: dict[str, Any]) -> list[Row]:
@@ -93,19 +93,28 @@ def startup_rows(startup: dict[str, Any]) -> list[Row]:
             anchor,
             added=True,
         ),
-        added_at_most(
+        below(
             "start, gpuadm check-config vs python -c pass (ms)",
             ms["gpuadm check-config"],
             anchor,
-            STARTUP_ADDED_MS,
+            STARTUP_MS,
+            "ms",
         ),
-        added_at_most(
+        below(
             "start, gpuadm review vs python -c pass (ms)",
             ms["gpuadm review"],
             anchor,
-            STARTUP_ADDED_MS,
+            STARTUP_MS,
+            "ms",
         ),
     ]
+
+
+# What share of the bare handler's throughput gpuadm's endpoints keep, on the same reviews.
+THROUGHPUT_RATIO = 0.5
+# How much slower small reviews may be answered while large distinct pods flood the
+# endpoint, at their 99th percentile, than with no flood.
+FLOOD_P99_RATIO = 5
 
 
 def endpoint_rows(endpoints: dict[str, Any]) -> list[Row]:
@@ -117,7 +126,9 @@ def endpoint_rows(endpoints: dict[str, Any]) -> list[Row]:
         ours_half, bare_half = figures["gpuadm@half"], figures["bare@half"]
         ours_own, bare_own = figures["gpuadm@half-gpuadm"], figures["bare@half-gpuadm"]
         found += [
-            ratio_at_least(f"{path} throughput (req/s)", ours["rps"], bare["rps"], 0.85),
+            ratio_at_least(
+                f"{path} throughput (req/s)", ours["rps"], bare["rps"], THROUGHPUT_RATIO
+            ),
             context(f"{path} p50 at full load (ms)", ours["p50_ms"], bare["p50_ms"]),
             ratio_at_most(
                 f"{path} p99 at {bare_half['rate']:.0f}/s, half the bare ceiling (ms)",
@@ -139,11 +150,16 @@ def flood_rows(flood: dict[str, Any]) -> list[Row]:
     rate = f"{flood['rate']:.0f}/s"
     return [
         context(
-            f"small /mutate p{p} at {rate}, large-pod flood (ms)",
-            flood["flood"][f"p{p}_ms"],
-            flood["quiet"][f"p{p}_ms"],
-        )
-        for p in (50, 99)
+            f"small /mutate p50 at {rate}, large-pod flood (ms)",
+            flood["flood"]["p50_ms"],
+            flood["quiet"]["p50_ms"],
+        ),
+        ratio_at_most(
+            f"small /mutate p99 at {rate}, large-pod flood (ms)",
+            flood["flood"]["p99_ms"],
+            flood["quiet"]["p99_ms"],
+            FLOOD_P99_RATIO,
+        ),
     ]
 
 
@@ -248,7 +264,7 @@ def burst_rows(api: dict[str, Any]) -> list[Row]:
                     f"burst of {size}, gpuadm x{replicas} vs two no-op webhooks (s)",
                     seconds,
                     noop,
-                    NOOP_BURST_RATIO,
+                    NOOP_BURST_RATIO.get(replicas, NOOP_BURST_RATIO["3"]),
                 )
             )
     if "roomy-1" in bursts:  # results of runs before it was measured have none
@@ -269,10 +285,10 @@ def burst_rows(api: dict[str, Any]) -> list[Row]:
 # What one admission under quota may make the apiserver and etcd take, whatever the
 # namespace's churn or the size of its record (issue 26).
 WRITTEN_KIB = 8
-# What quota may add to the webhook call itself (issue 26), against the two no-op webhooks:
-# to a sequential create, and to a burst of creates.
-NOOP_ADDED_MS = 1.5
-NOOP_BURST_RATIO = 1.3
+# What quota may add to the webhook call itself, against the two no-op webhooks: to a
+# sequential create, and to a burst of creates, through one replica and through three.
+NOOP_ADDED_MS = 0.5
+NOOP_BURST_RATIO = {"1": 1.15, "3": 1.25}
 
 
 def churn_rows(churn: dict[str, Any]) -> list[Row]:
