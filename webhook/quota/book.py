@@ -30,6 +30,7 @@ carries them as such.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Mapping
@@ -45,6 +46,7 @@ from webhook.quota.reservations import (
     RecordFull,
     Reservation,
     ReservationStore,
+    UnreadableRecord,
 )
 from webhook.quota.usage import UsageIndex
 from webhook.quota.watermark import CATCH_UP_SECONDS, Watermark
@@ -59,6 +61,8 @@ RESERVATION_TTL = 90.0
 # a burst far beyond what one namespace sees; then the request is refused with "retry"
 # rather than held past the apiserver's webhook timeout.
 MAX_ATTEMPTS = 10
+
+log = logging.getLogger("gpuadm.quota")
 
 T = TypeVar("T")
 
@@ -287,9 +291,14 @@ class ReservationBook:
         return await self._store.namespaces()
 
     async def prune_all(self) -> None:
-        """Prune the record of every namespace that has one, written by any replica."""
+        """Prune the record of every namespace that has one, written by any replica. One
+        this version cannot read (a later version's) is left as it is, and said so; the
+        others are pruned all the same."""
         for namespace in await self._store.namespaces():
-            await self.prune(namespace)
+            try:
+                await self.prune(namespace)
+            except UnreadableRecord as unreadable:
+                log.error("%s; it is left as it is", unreadable.detail)
 
     async def prune(self, namespace: str) -> None:
         """Drop expired reservations from a namespace's record, and those whose pods the

@@ -25,8 +25,10 @@ from webhook.quota.reservations import (
     Allowance,
     Mark,
     MemoryStore,
+    Record,
     RecordFull,
     Reservation,
+    UnreadableRecord,
 )
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
@@ -404,3 +406,42 @@ async def test_a_pod_judged_again_is_not_counted_against_itself_alone_or_in_a_ba
     assert (retried.allowed, fits.allowed, over.allowed) == (True, True, False)
     assert over.message == 'namespace "team-a": h100 quota exceeded: requested 1, in use 10 of 10'
     assert quota.book.in_use("team-a")["h100"] == 10
+
+
+class LaterFormat(MemoryStore):
+    """A store in which one namespace's record is in a later gpuadm's format."""
+
+    def __init__(self, unreadable: str) -> None:
+        super().__init__()
+        self.unreadable = unreadable
+
+    async def read(self, namespace: str) -> Record:
+        if namespace == self.unreadable:
+            raise UnreadableRecord(namespace, "it is in format '3', of a later gpuadm")
+        return await super().read(namespace)
+
+    async def namespaces(self) -> list[str]:
+        return sorted({*await super().namespaces(), self.unreadable})
+
+
+async def test_a_record_of_a_later_format_is_neither_judged_by_nor_pruned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [0.0]
+    store = LaterFormat("team-a")
+    quota = ledger(store, clock=lambda: now[0], reservation_ttl=90)
+    verdict = await judged(quota, stored_pod({"gpuadm.io/h100": "1"}), config())
+    assert (verdict.allowed, verdict.message) == (
+        False,
+        "gpuadm cannot read the quota record of namespace \"team-a\": it is in format '3', "
+        "of a later gpuadm; retry",
+    )
+    assert store.writes == 0
+    # Another namespace's record is pruned all the same, the pass going past the one it
+    # cannot read (which sorts first), and saying so.
+    assert await admit(quota, stored_pod({"gpuadm.io/h100": "1"}, namespace="team-w"))
+    now[0] = 100
+    await quota.book.prune_all()
+    assert await store.namespaces() == ["team-a"]
+    assert 'cannot read the quota record of namespace "team-a"' in caplog.text
+    assert "left as it is" in caplog.text
