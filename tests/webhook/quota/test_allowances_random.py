@@ -213,6 +213,31 @@ class Cluster:
         ]
 
 
+def send(
+    cluster: Cluster,
+    replicas: list[Any],
+    creates: dict[asyncio.Task[None], int],
+    sent: list[dict[str, Any]],
+    *,
+    dry_runs: float,
+) -> None:
+    """Send one create to a replica at random: a new pod, or now and then one sent before
+    (a retried request); a share `dry_runs` of them dry runs. Its task is kept in `creates`,
+    by the replica's index, until it ends."""
+    rng = cluster.rng
+    index = rng.randrange(len(replicas))
+    if sent and rng.random() < 0.1:
+        body = rng.choice(sent[-10:])
+    else:
+        body = stored_pod(rng.choice(ASKS))
+        sent.append(body)
+    task = asyncio.create_task(
+        cluster.create(replicas[index], body, dry_run=rng.random() < dry_runs)
+    )
+    creates[task] = index
+    task.add_done_callback(creates.pop)
+
+
 async def keep(replica: QuotaLedger) -> None:
     await replica.keep_allowances(lambda: None)
 
@@ -246,17 +271,7 @@ async def test_random_interleavings_never_admit_past_a_limit(seed: int) -> None:
             cluster.stop(victim)
             replicas[0] = cluster.replica()
             keepers[0] = asyncio.create_task(keep(replicas[0]))
-        index = rng.randrange(3)
-        if sent and rng.random() < 0.1:
-            body = rng.choice(sent[-10:])  # a retried request
-        else:
-            body = stored_pod(rng.choice(ASKS))
-            sent.append(body)
-        task = asyncio.create_task(
-            cluster.create(replicas[index], body, dry_run=rng.random() < 0.1)
-        )
-        creates[task] = index
-        task.add_done_callback(creates.pop)
+        send(cluster, replicas, creates, sent, dry_runs=0.1)
     flaking[0] = False
     await asyncio.gather(*creates, return_exceptions=True)
     await cluster.settle()

@@ -27,8 +27,7 @@ import pytest
 from policies import Plan
 from policies.quota.judge import QuotaVerdict, judge
 from tests.webhook.gpu_hours.apiserver import ConfigMaps
-from tests.webhook.quota.test_allowances_random import ASKS, LIMITS, QUOTAS, Cluster, keep
-from tests.webhook.quota.test_ledger import stored_pod
+from tests.webhook.quota.test_allowances_random import LIMITS, QUOTAS, Cluster, keep, send
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL
@@ -183,15 +182,7 @@ async def test_a_rolling_upgrade_from_0_1_0_never_admits_past_a_limit(seed: int)
             new = cluster.replica(reservation_ttl=TTL)
             replicas[index] = new
             keepers.append(asyncio.create_task(keep(new)))
-        index = rng.randrange(3)
-        if sent and rng.random() < 0.1:
-            body = rng.choice(sent[-10:])  # a retried request
-        else:
-            body = stored_pod(rng.choice(ASKS))
-            sent.append(body)
-        task = asyncio.create_task(cluster.create(replicas[index], body, dry_run=False))
-        creates[task] = index
-        task.add_done_callback(creates.pop)
+        send(cluster, replicas, creates, sent, dry_runs=0.0)
         found = api.objects.get(record_name("team-a"))
         if found is not None:
             formats_seen.add((found.get("data") or {}).get(FORMAT_KEY, "0.1.0"))
