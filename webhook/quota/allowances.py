@@ -302,7 +302,7 @@ class Allowances:
         is kept as long."""
         due = []
         for namespace, held in list(self._held.items()):
-            if now >= max(held.until, held.wants, held.wants_stored) + self.reservation_ttl:
+            if not self.holds(namespace, now):
                 del self._held[namespace]
                 continue
             idle = now - held.last_grant >= IDLE_SECONDS

@@ -66,6 +66,18 @@ def verdict_of(hours: HoursLedger, namespace: str = "team-a") -> tuple[bool, str
     return verdict.allowed, verdict.message or ""
 
 
+async def started(checkpoint: int, run: Run, at: int) -> tuple[HoursLedger, Clock]:
+    """A replica started at `at`, which has read team-a's record counted to `checkpoint`
+    while `run` is known; its clock, to move on."""
+    api, clock = ConfigMaps(), Clock(at)
+    await HoursStore(api, "gpuadm-system").write("team-a", Hours(checkpoint, {}), None)
+    runs = RunIndex()
+    runs.replace([("u1", run)])
+    replica = ledger(api, runs, clock)
+    await replica.read()
+    return replica, clock
+
+
 def problems(metrics: Metrics) -> dict[tuple[str, str], float]:
     return {
         (s.labels["namespace"], s.labels["problem"]): s.value
@@ -335,12 +347,7 @@ async def test_a_record_is_stale_when_pods_ran_in_time_left_uncounted_past_the_b
 
 
 async def test_a_record_turns_stale_a_second_after_the_bound() -> None:
-    api, clock = ConfigMaps(), Clock(T - 600)
-    await HoursStore(api, "gpuadm-system").write("team-a", Hours(T, {}), None)
-    runs = RunIndex()
-    runs.replace([("u1", h100(T - 30))])
-    replica = ledger(api, runs, clock)
-    await replica.read()
+    replica, clock = await started(T, h100(T - 30), at=T - 600)
     clock.now = T + STALE
     assert verdict_of(replica)[0]
     clock.now = T + STALE + 1
@@ -357,12 +364,7 @@ async def test_a_record_turns_stale_a_second_after_the_bound() -> None:
 async def test_a_run_that_ended_before_a_replica_watched_is_no_sign_of_staleness(
     ended: int, allowed: bool
 ) -> None:
-    api, clock = ConfigMaps(), Clock(T)
-    await HoursStore(api, "gpuadm-system").write("team-a", Hours(T - 3600, {}), None)
-    runs = RunIndex()
-    runs.replace([("u1", h100(T - 600, ended))])
-    replica = ledger(api, runs, clock)
-    await replica.read()
+    replica, clock = await started(T - 3600, h100(T - 600, ended), at=T)
     clock.now = T + STALE + 100
     assert verdict_of(replica)[0] is allowed
 
@@ -370,12 +372,7 @@ async def test_a_run_that_ended_before_a_replica_watched_is_no_sign_of_staleness
 async def test_a_replica_judges_staleness_only_over_the_time_it_has_watched() -> None:
     # Started at T with a record counted to an hour before (gpuadm was down): the leader
     # needs a moment to count what ran meanwhile.
-    api, clock = ConfigMaps(), Clock(T)
-    await HoursStore(api, "gpuadm-system").write("team-a", Hours(T - 3600, {}), None)
-    runs = RunIndex()
-    runs.replace([("u1", h100(T - 7200))])
-    replica = ledger(api, runs, clock)
-    await replica.read()
+    replica, clock = await started(T - 3600, h100(T - 7200), at=T)
     clock.now = T + STALE
     assert verdict_of(replica)[0]
     clock.now = T + STALE + 1
