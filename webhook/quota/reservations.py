@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -116,8 +117,15 @@ def _written(charge: Fraction) -> str:
     return format_amount(charge)
 
 
+# An amount as `format_amount` writes it (1, 0.5, 7/3): digits, a point or a slash, and no
+# exponent, whose digits Fraction would build however many (a record edited by hand).
+AMOUNT = re.compile(r"[0-9]{1,40}(?:[./][0-9]{1,40})?")
+
+
 @functools.lru_cache(maxsize=1024)
 def _read(charge: str) -> Fraction:
+    if not AMOUNT.fullmatch(charge):
+        raise ValueError(f"the amount {charge[:50]!r} is not one gpuadm writes")
     return Fraction(charge)
 
 

@@ -302,6 +302,11 @@ def test_a_record_0_1_0_wrote_is_read_whole_without_mark_or_room_aside() -> None
         pytest.param({DATA_KEY: "[1]"}, "not a record gpuadm wrote", id="not-an-entry"),
         pytest.param({DATA_KEY: '[{"class": "h100"}]'}, "KeyError", id="no-uid"),
         pytest.param({DATA_KEY: "[{"}, "not a record gpuadm wrote", id="not-json"),
+        pytest.param(
+            {DATA_KEY: '[{"uid": "u", "class": "h100", "charge": "1e999999999", "at": 1}]'},
+            "the amount '1e999999999' is not one gpuadm writes",
+            id="an-exponent-fraction-would-expand",
+        ),
         pytest.param({DATA_KEY: "[]", MARK_KEY: "{}"}, "KeyError", id="bad-mark"),
     ],
 )
