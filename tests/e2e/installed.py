@@ -177,6 +177,12 @@ class Outcomes:
         with self.lock:
             getattr(self, kind).append(message)
 
+    def merge(self, other: Outcomes) -> None:
+        """Add the answers of another batch to this one's."""
+        with self.lock:
+            for kind in ("created", "refused", "unreachable", "retry", "other", "retried"):
+                getattr(self, kind).extend(getattr(other, kind))
+
 
 class Installation:
     """gpuadm's chart installed on a control plane with a real node."""

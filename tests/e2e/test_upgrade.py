@@ -4,8 +4,9 @@
 node; tenants' pods admitted and charged, and GPUQuota objects published, by 0.1.0; then
 `helm upgrade` to this tree's chart and image while pods are created in three namespaces:
 one with room to spare, one held at its quota by churn (a pod deleted for each refusal), and
-a burst into a third while replicas of both versions serve. The pods stored never exceed a
-quota, though both versions judge side by side.
+a burst into a third while replicas of both versions serve. The rollout is paused while both
+versions serve, so that they judge side by side for as long as the test needs, whatever the
+machine's speed; the pods stored never exceed a quota.
 
 This version writes the usage record in a format 0.1.0 cannot read (docs/operations.md,
 "Upgrading from 0.1.0"): a 0.1.0 replica that meets one refuses the pod with "retry", so
@@ -39,6 +40,7 @@ from tests.e2e.installed import (
     RETRIED,
     Image,
     Installation,
+    Outcomes,
     build_image,
     build_released_image,
     classify,
@@ -57,7 +59,11 @@ TENANTS: dict[str, dict[str, object]] = {
     "upgraded": {"h100": 10_000},
     "tight": {"h100": ROOM},
     "burst": {"h100": LIMIT},
+    "mixed": {"h100": 10_000},
 }
+# Rounds of creates at once, while the rollout is paused, until what the test must see has
+# happened: each round dials new connections, to replicas of either version.
+ROUNDS, ROUND = 12, 40
 QUOTAS = {"mode": "enforce", "namespaces": TENANTS}
 # How 0.1.0 refuses a pod whose namespace's record it cannot read: its answer to any fault,
 # with HTTP status 500, which the suite's clients retry as they retry a "retry".
@@ -225,6 +231,12 @@ class Creates:
                 self.failures.append(f"{kind}: {message}")
 
 
+def _pause(installation: Installation, paused: bool) -> None:
+    """Pause or resume the rollout of gpuadm's Deployment, as `kubectl rollout pause` does."""
+    apps = kubernetes.client.AppsV1Api(installation.api)
+    apps.patch_namespaced_deployment("gpuadm", NAMESPACE, {"spec": {"paused": paused}})
+
+
 def _ca(installation: Installation) -> bytes:
     """ca.crt of the Secret gpuadm-tls, which the first replica up made and none of Helm's."""
     secret = installation.core.read_namespaced_secret("gpuadm-tls", NAMESPACE)
@@ -351,11 +363,29 @@ def test_helm_upgrade_to_this_tree_over_admits_nowhere(
         helm = threading.Thread(target=upgrade)
         helm.start()
         mixed = wait_for(both_versions_ready, "a replica of each version Ready", 180)
+        # Held there: `helm upgrade --wait` takes a paused Deployment as ready and returns.
+        _pause(installation, True)
+        wait_for(both_versions_ready, "a replica of each version Ready, paused", 30)
         # More callers at once than the apiserver keeps idle connections (25 a host): it
         # dials new ones, to replicas of both versions, while 0.1.0's hold theirs.
         burst_start = datetime.now(UTC).isoformat(timespec="milliseconds")
-        outcomes = installation.create_many("burst", BURST, threads=40)
+        outcomes = installation.create_many("burst", BURST, threads=ROUND)
+        in_mixed = Outcomes()
+        rounds = 0
+        while rounds < ROUNDS:
+            time.sleep(1)  # KeptLogs copies the logs every half second
+            new_pods = {p.metadata.name for p in installation.gpuadm_pods()} - old_pods
+            judged_by_both = kept.decisions(old_pods, "burst") and kept.decisions(new_pods, "burst")
+            if judged_by_both and kept.misread(old_pods) > 0:
+                break
+            # "burst" is at or near its limit: more creates there are judged by either version.
+            # "mixed" has room: this tree admits there, in its format, which 0.1.0 then meets.
+            more = installation.create_many("burst", ROUND, threads=ROUND)
+            outcomes.merge(more)
+            in_mixed.merge(installation.create_many("mixed", ROUND, threads=ROUND))
+            rounds += 1
         burst_took = time.monotonic() - started - mixed
+        _pause(installation, False)
         helm.join(300)
         upgraded = time.monotonic() - started
         assert not helm.is_alive()
@@ -369,7 +399,9 @@ def test_helm_upgrade_to_this_tree_over_admits_nowhere(
     tight_by_new = kept.decisions(new_pods, "tight")
     overlap = sum(t > tight_by_new[0] for t in tight_by_old) if tight_by_new else 0
     print(
-        f"mixed after {mixed:.1f} s; burst ended {burst_took:.1f} s after; helm upgrade --wait "
+        f"mixed after {mixed:.1f} s; burst and {rounds} more rounds ended {burst_took:.1f} s "
+        f"after; 'mixed' created {len(in_mixed.created)}, refused by 0.1.0 "
+        f"{len(in_mixed.other)}; helm upgrade --wait "
         f"returned after {upgraded:.1f} s; burst: created {len(outcomes.created)}, refused "
         f"{len(outcomes.refused)}, by 0.1.0 {len(burst_by_old)}, by this tree "
         f"{len(burst_by_new)}; stream created {stream.created}; churn created {churn.created}, "
@@ -382,15 +414,15 @@ def test_helm_upgrade_to_this_tree_over_admits_nowhere(
     )
     misread = kept.misread(old_pods)
     print(f"0.1.0 met a record in this version's format {misread} times")
-    # The versions overlapped in "tight" for dozens of 0.1.0's judgements after this tree's
-    # first write there: 0.1.0 met this version's record, and refused.
+    # While the versions served side by side, 0.1.0 met this version's record, and refused.
     assert misread > 0, "0.1.0 never met a record of this version: the rollout never mixed"
     # The burst was judged by replicas of both versions, and admitted no more than fit:
     # each create not admitted was refused for the quota, or by a 0.1.0 replica that met a
     # record of this version's and asked for a retry (each of its tries).
     assert burst_by_old, "no 0.1.0 replica judged the burst"
     assert burst_by_new, "no replica of this tree judged the burst"
-    assert [m for m in outcomes.other if OLD_REFUSAL not in m] == []
+    assert [m for m in outcomes.other + in_mixed.other if OLD_REFUSAL not in m] == []
+    assert in_mixed.refused == in_mixed.unreachable == in_mixed.retry == []
     assert outcomes.unreachable == []
     assert outcomes.retry == []
     assert len(outcomes.created) <= LIMIT - HELD, outcomes
