@@ -35,9 +35,13 @@ MAX_CONNECTIONS = 1024
 HANDSHAKE_SECONDS = 10.0
 # How often the handshakes under way are counted afresh, when under the limit.
 PRUNE_SECONDS = 1.0
-# As aiohttp's run_app: an idle connection is closed after this long, and a stop waits this
-# long for the answers in flight.
-KEEPALIVE_SECONDS = 75.0
+# The apiserver's webhook client (client-go's transport) closes a connection idle for 90 s
+# (Go's http.DefaultTransport IdleConnTimeout). A replica keeps one open longer, so that the
+# client always closes first: a server closing at the same moment as the client reuses the
+# connection would fail that call.
+APISERVER_IDLE_SECONDS = 90.0
+KEEPALIVE_SECONDS = 120.0
+# As aiohttp's run_app: a stop waits this long for the answers in flight.
 SHUTDOWN_SECONDS = 60.0
 # How the runner serves every connection. A compressed body is never inflated: the handlers
 # refuse it with 415 unread.
