@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
 from webhook.server.settings import CLAIM_CONTROLLERS
+
+# How long a thread may hold the interpreter while another waits for it. A large pod is
+# planned in a worker thread (webhook.reviews.large_pods); at Python's default of 5 ms, the
+# event loop waited up to that long for each of a small review's turns while one ran.
+SWITCH_SECONDS = 0.0005
 
 # The server, TLS and cluster modules, and the standard library's network and TLS modules,
 # are imported when gpuadm serves, so that the commands that never do (review,
@@ -207,6 +213,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     # Frozen, the collector no longer walks it in each full collection: with the Kubernetes
     # client loaded, such a walk held the event loop for 40 to 160 ms under load.
     gc.freeze()
+    sys.setswitchinterval(SWITCH_SECONDS)
     try:
         listener.serve(
             app,

@@ -35,6 +35,7 @@ from webhook.admission.audit_record import audit_entry
 from webhook.admission.decision import Decision
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
+from webhook.reviews.large_pods import off_loop_if_large
 from webhook.reviews.request import (
     LARGE_REVIEW_BYTES,
     AdmissionRequest,
@@ -196,7 +197,7 @@ class ReviewEndpoint:
 
     async def _decode_and_answer(self, body: bytes, started: float) -> web.Response:
         try:
-            review = decode_review(body)
+            review = await off_loop_if_large(len(body), decode_review, body)
         except BadReview as error:
             raise Refusal(400, error.reason) from None
         del body  # the decoded review is what is held from here on

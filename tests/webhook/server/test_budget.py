@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import threading
 import tracemalloc
 import zlib
 from collections.abc import AsyncIterator
@@ -24,8 +25,13 @@ from tests.builders import pod, review
 from tests.webhook.server.test_server import snapshot
 from webhook.config.snapshot import ConfigHolder
 from webhook.observe.metrics import Metrics
-from webhook.reviews.request import LARGE_REVIEW_BYTES, decoded_weight
-from webhook.server import listener
+from webhook.reviews.request import (
+    LARGE_REVIEW_BYTES,
+    AdmissionRequest,
+    decode_review,
+    decoded_weight,
+)
+from webhook.server import handlers, listener
 from webhook.server.app import create_app
 from webhook.server.budget import BudgetExceeded, ByteBudget, MiB, RequestBudget
 from webhook.server.listener import LimitedSite
@@ -377,3 +383,35 @@ async def test_a_silent_caller_is_dropped_at_the_handshake_deadline(
         writer.close()
     finally:
         await runner.cleanup()
+
+
+async def test_a_large_review_is_decoded_off_the_event_loop_and_a_small_one_on_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Decoding a review of a megabyte takes milliseconds that would hold up every small
+    # review behind it: it is done in the large pods' thread, as their planning is.
+    threads: dict[str, str] = {}
+
+    def recording(body: bytes) -> AdmissionRequest:
+        decoded = decode_review(body)
+        threads[decoded.uid] = threading.current_thread().name
+        return decoded
+
+    monkeypatch.setattr(handlers, "decode_review", recording)
+    large = review(pod({"gpuadm.io/h100": "1"}, annotations={"big": "x" * 70_000}), uid="large")
+    assert len(orjson.dumps(large)) >= LARGE_REVIEW_BYTES
+    async with served(create_app(Settings(), ConfigHolder(snapshot()))) as server:
+        await server.review("/mutate", large)
+        await server.review("/mutate", small_review("small"))
+        # Refused as clearly from the thread as from the loop: a large body that is no JSON.
+        broken = await server.send("/mutate", b"{" + b" " * LARGE_REVIEW_BYTES)
+        assert broken.status == 400
+        assert "body is not valid JSON" in (await broken.json())["error"]
+    assert threads["large"].startswith("gpuadm-large-pod")
+    assert threads["small"] == threading.current_thread().name
+
+
+def test_a_replica_keeps_an_idle_connection_longer_than_the_apiserver_does() -> None:
+    # Closed by the replica first, a connection the apiserver is just reusing would fail
+    # that call; the test servers here and `gpuadm serve` run with the same options.
+    assert listener.RUNNER_OPTIONS["keepalive_timeout"] > listener.APISERVER_IDLE_SECONDS == 90
