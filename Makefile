@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 
-.PHONY: help install run test test-fast lint controlplane tools node image dev-cluster bench clean
+.PHONY: help install run test test-fast lint controlplane tools node image dev-cluster bench schema clean
 
 help:
 	@echo "make run          serve gpuadm on https://127.0.0.1:8443 with the bundled example config"
@@ -19,6 +19,7 @@ help:
 	@echo "make image        the gpuadm image from the Dockerfile, on a local Debian base; prints its OCI archive and name (cached)"
 	@echo "make dev-cluster  a local apiserver, etcd, scheduler, fake GPU nodes, and gpuadm's chart on a real node, to try by hand"
 	@echo "make bench        the benchmarks; figures go to bench/results/"
+	@echo "make schema       write the chart's schema of policy and quotas from gpuadm's models"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -70,6 +71,9 @@ dev-cluster: $(STAMP) controlplane tools
 # vegeta, the compiled load generator, is built once from its Go module like the tools above.
 # The real node's packages include conntrack, which the bursts' balancer in the kernel needs
 # (bench/kernel.py); without root the benchmark balances with a relay instead.
+schema: $(STAMP)
+	PYTHONPATH=. $(BIN)/python deploy/tools/values_schema.py
+
 bench: $(STAMP) controlplane
 	-bash tests/e2e/node/setup.sh
 	bash bench/tools.sh >/dev/null

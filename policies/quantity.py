@@ -29,6 +29,8 @@ _QUANTITY = re.compile(
     r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?$"
 )
+# The same grammar without group names, for JSON schemas (the chart's values.schema.json).
+QUANTITY_PATTERN = re.sub(r"\?P<[a-z]+>", "", _QUANTITY.pattern)
 
 MiB = 2**20
 # Kubernetes caps every quantity at 2^63 - 1 in magnitude: nothing larger is a resource.

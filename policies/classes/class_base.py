@@ -18,10 +18,14 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     PlainSerializer,
+    WithJsonSchema,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
 from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
 from policies.classes.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
@@ -29,12 +33,34 @@ from policies.errors import Denial
 from policies.pods.dra_templates import ClaimTemplate, Held
 from policies.pods.pod_view import ContainerView, PodView
 from policies.quantity import (
+    QUANTITY_PATTERN,
     QuantityError,
     format_amount,
     format_bytes,
     format_memory,
     parse_quantity,
 )
+
+
+class OneOrMany:
+    """In the JSON schema (the chart's values.schema.json): one item alone as well as a list
+    of them, as a before-validator that lists a lone item reads the file."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        listed = handler(core_schema)
+        return {"anyOf": [listed["items"], listed]}
+
+
+class AmountOrObject:
+    """In the JSON schema: an amount alone (number or quantity text) as well as the object,
+    as a before-validator that reads `memory: 80Gi` as `{value: 80Gi}` takes the file."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        return {"anyOf": [{"type": "number"}, {"type": "string"}, handler(core_schema)]}
 
 
 def _bytes(value: object) -> Fraction:
@@ -47,7 +73,20 @@ def _bytes(value: object) -> Fraction:
     return amount
 
 
-Bytes = Annotated[Fraction, BeforeValidator(_bytes), PlainSerializer(format_bytes)]
+def quantity_schema(minimum: int | None = None) -> WithJsonSchema:
+    """In the JSON schema: a quantity as the file may give it, a number or its text."""
+    number: dict[str, Any] = {"type": "number"}
+    if minimum is not None:
+        number["minimum"] = minimum
+    return WithJsonSchema({"anyOf": [number, {"type": "string", "pattern": QUANTITY_PATTERN}]})
+
+
+Bytes = Annotated[
+    Fraction,
+    BeforeValidator(_bytes),
+    PlainSerializer(format_bytes),
+    quantity_schema(minimum=0),
+]
 ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
 # A Kubernetes label value: the GPU Feature Discovery spelling of a model must be one.
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -80,7 +119,11 @@ def namespace_name(name: str) -> str:
     return name
 
 
-NamespaceName = Annotated[str, AfterValidator(namespace_name)]
+NamespaceName = Annotated[
+    str,
+    AfterValidator(namespace_name),
+    WithJsonSchema({"type": "string", "pattern": NAMESPACE_NAME.pattern}),
+]
 
 
 class Model(BaseModel):

@@ -8,10 +8,17 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, Any, Literal, NamedTuple
 
-from pydantic import AfterValidator, BeforeValidator, Field, PlainSerializer, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
-from policies.classes.class_base import Model, namespace_name
+from policies.classes.class_base import Model, NamespaceName, quantity_schema
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
 from policies.quota.budget import Budget, parse_budget
@@ -47,10 +54,9 @@ def _limit(value: object) -> Fraction:
     return amount
 
 
-Limit = Annotated[Fraction, BeforeValidator(_limit), PlainSerializer(format_amount)]
-
-
-NamespaceName = Annotated[str, AfterValidator(namespace_name)]
+Limit = Annotated[
+    Fraction, BeforeValidator(_limit), PlainSerializer(format_amount), quantity_schema(minimum=0)
+]
 
 
 def _budget(value: object) -> Budget:
@@ -59,7 +65,13 @@ def _budget(value: object) -> Budget:
     return parse_budget(value)
 
 
-BudgetSpec = Annotated[Budget, BeforeValidator(_budget), PlainSerializer(str)]
+BudgetSpec = Annotated[
+    Budget,
+    BeforeValidator(_budget),
+    PlainSerializer(str),
+    # In the file, a budget is its text: GPU-hours in a window.
+    WithJsonSchema({"type": "string", "description": "GPU-hours in a window, e.g. 500h/7d"}),
+]
 
 
 def limits_on(class_name: str, limits: Mapping[str, object]) -> list[str]:
@@ -93,8 +105,24 @@ class Terms(NamedTuple):
     budgets: Mapping[str, Budget] = {}
 
 
+def _entry_in_file(schema: dict[str, Any]) -> None:
+    """The JSON schema of an entry as the file holds it: its limits beside its keys."""
+    schema["additionalProperties"] = schema["properties"].pop("limits")["additionalProperties"]
+
+
+def _config_in_file(schema: dict[str, Any]) -> None:
+    """The JSON schema of the file: `default` holds the limits and, under `budget`, the
+    budgets of namespaces without an entry."""
+    budgets = schema["properties"].pop("defaultBudget")
+    schema["properties"]["default"]["properties"] = {BUDGET_KEY: budgets}
+    # A key no namespace can have matches none of the namespaces' pattern: refused.
+    schema["properties"]["namespaces"]["additionalProperties"] = False
+
+
 class NamespaceQuota(Model):
     """One namespace's entry: its default class, its mode, and a limit per class (and `*`)."""
+
+    model_config = ConfigDict(json_schema_extra=_entry_in_file)
 
     default_class: str | None = None
     mode: Mode | None = None
@@ -116,6 +144,8 @@ class NamespaceQuota(Model):
 
 class QuotaConfig(Model):
     """The whole `quotas.yaml`."""
+
+    model_config = ConfigDict(json_schema_extra=_config_in_file)
 
     mode: Mode = "enforce"
     default: dict[str, Limit] = Field(default_factory=dict)

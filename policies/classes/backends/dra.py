@@ -39,7 +39,13 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
-from policies.classes.class_base import ClassBase, Model, ResourceName
+from policies.classes.class_base import (
+    AmountOrObject,
+    ClassBase,
+    Model,
+    ResourceName,
+    quantity_schema,
+)
 from policies.classes.models import dra_selector
 from policies.errors import Denial
 from policies.pods.dra_templates import (
@@ -82,7 +88,7 @@ def _amount(value: object) -> Fraction:
     return amount
 
 
-Amount = Annotated[Fraction, BeforeValidator(_amount)]
+Amount = Annotated[Fraction, BeforeValidator(_amount), quantity_schema(minimum=0)]
 
 
 class Capacity(Model):
@@ -107,7 +113,7 @@ class Sharing(Model):
     # What one device of the class publishes, by capacity name: a share asks its part of
     # each. A capacity the device has and this leaves out, each share takes at the driver's
     # default (often all of it).
-    capacity: dict[str, Annotated[Capacity, BeforeValidator(_capacity)]]
+    capacity: dict[str, Annotated[Capacity, BeforeValidator(_capacity), AmountOrObject()]]
     # time-slicing: NVIDIA's time slice (`timeSlicingConfig.interval`).
     interval: Literal["Default", "Short", "Medium", "Long"] | None = None
 

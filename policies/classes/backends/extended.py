@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from policies.classes.asks import Ask, Grant, MemoryShare, Whole
-from policies.classes.class_base import Bytes, ClassBase, Model
+from policies.classes.class_base import Bytes, ClassBase, Model, OneOrMany
 from policies.classes.models import ClassModel
 from policies.errors import Denial
 from policies.quantity import floor_div, format_bytes, memory_unit_name
@@ -83,8 +83,8 @@ def _listed(value: object) -> object:
 ExtendedResource = Annotated[str, AfterValidator(_extended_resource)]
 AnnotationKey = Annotated[str, AfterValidator(_annotation_key)]
 Units = Annotated[int, AfterValidator(_positive)]
-WholeDimensions = Annotated[tuple[Dimension, ...], BeforeValidator(_listed)]
-ShareDimensions = Annotated[tuple[ShareDimension, ...], BeforeValidator(_listed)]
+WholeDimensions = Annotated[tuple[Dimension, ...], BeforeValidator(_listed), OneOrMany()]
+ShareDimensions = Annotated[tuple[ShareDimension, ...], BeforeValidator(_listed), OneOrMany()]
 
 
 class ExtendedNames(Model):
