@@ -113,29 +113,60 @@ class LimitedSite(web.BaseSite):
 
         pruned = [loop.time()]
 
+        def ended(handshake: asyncio.BaseProtocol) -> None:
+            self._handshaking.pop(handshake, None)
+
         def protocol() -> asyncio.BaseProtocol:
             now = loop.time()
             at_limit = len(server.connections) + len(self._handshaking) >= self._max_connections
             # Once a second, and whenever the count reaches the limit: not at each of a
             # burst's connections, which made the pass quadratic in the handshakes under way.
+            # A handshake that ended leaves the count itself (`ended`); this drops those that
+            # never will, given up on at the deadline without a word to the protocol.
             if self._handshaking and (at_limit or now - pruned[0] >= PRUNE_SECONDS):
                 pruned[0] = now
-                # Connected (it has its transport) or given up: the open list counts the
-                # first, and the second is gone.
                 self._handshaking = {
-                    handler: deadline
-                    for handler, deadline in self._handshaking.items()
-                    if deadline > now and getattr(handler, "transport", None) is None
+                    handshake: deadline
+                    for handshake, deadline in self._handshaking.items()
+                    if deadline > now
                 }
             if len(server.connections) + len(self._handshaking) >= self._max_connections:
                 self._on_refused()
                 return _Closing()
             self._on_opened()
-            handler = server()
-            self._handshaking[handler] = now + HANDSHAKE_SECONDS + 1
-            return handler
+            handshake = _Handshake(server(), ended)
+            self._handshaking[handshake] = now + HANDSHAKE_SECONDS + 1
+            return handshake
 
         return protocol
+
+
+class _Handshake(asyncio.Protocol):
+    """A connection's protocol until its TLS handshake ends, counted as a handshake under way.
+
+    Once the handshake ends, it hands the transport to aiohttp's handler, which from then on
+    is the connection's protocol and counts in the server's list of open connections. Counted
+    so until the connection closed instead, a burst's short connections (the apiserver
+    closes what it opened past the 25 it keeps idle) stayed counted for the handshake's
+    deadline after they were gone, and a replica took its own limit as reached: it closed new
+    connections on arrival, and the apiserver's calls on them failed with EOF.
+    """
+
+    __slots__ = ("_ended", "_handler")
+
+    def __init__(
+        self, handler: asyncio.Protocol, ended: Callable[[asyncio.BaseProtocol], None]
+    ) -> None:
+        self._handler = handler
+        self._ended = ended
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._ended(self)
+        transport.set_protocol(self._handler)
+        self._handler.connection_made(transport)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._ended(self)
 
 
 class _Closing(asyncio.Protocol):

@@ -340,6 +340,22 @@ async def test_connections_over_the_limit_are_closed_and_counted(
         other.close()
 
 
+async def test_connections_closed_at_once_free_their_place_at_once(
+    limited: tuple[int, Metrics],
+) -> None:
+    """A burst's connections are short: the apiserver closes each it opened past the 25 it
+    keeps idle as soon as its call is answered. Ten times the limit of them, one after
+    another within a second, are all served: none is counted once it is gone."""
+    port, metrics = limited
+    for _ in range(30):
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        assert b"hello" in await _get(reader, writer)
+        writer.close()
+        await writer.wait_closed()
+    assert metrics.connections_refused._value.get() == 0
+    assert metrics.connections_opened._value.get() == 30
+
+
 async def test_a_caller_that_speaks_http2_unasked_is_refused_and_served_nothing(
     limited: tuple[int, Metrics],
 ) -> None:
