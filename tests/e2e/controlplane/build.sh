@@ -72,14 +72,24 @@ check_pins() {
 }
 
 # The Kubernetes binaries, all from the one k8s.io/kubernetes module. The kubelet runs the
-# suite's real node (tests/e2e/kubelet.py).
-KUBE_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet)
+# suite's real node (tests/e2e/kubelet.py); kubectl runs the docs' commands as an admin
+# types them (tests/e2e/test_first_install.py, test_upgrade.py).
+KUBE_BINARIES=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
+
+# The version a built binary reports: kubectl says it its own way.
+kube_version_of() {
+    if [[ $1 == kubectl ]]; then
+        "$BIN_DIR/kubectl" version --client 2>/dev/null | sed -n 's/^Client Version: //p'
+    else
+        "$BIN_DIR/$1" --version 2>/dev/null | sed -n 's/^Kubernetes //p'
+    fi
+}
 
 # Succeeds only when the binary runs and reports the pinned version, so a stale or
 # truncated binary is rebuilt.
 kube_ready() {
     [[ -x $BIN_DIR/$1 ]] || return 1
-    [[ $("$BIN_DIR/$1" --version 2>/dev/null) == "Kubernetes $KUBE_VERSION" ]]
+    [[ $(kube_version_of "$1") == "$KUBE_VERSION" ]]
 }
 
 etcd_ready() {
