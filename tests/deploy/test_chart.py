@@ -242,14 +242,23 @@ def test_custom_pod_values_land_in_the_pod_template(custom: list[Obj]) -> None:
     assert spec["topologySpreadConstraints"] == CUSTOM["topologySpreadConstraints"]
 
 
-def test_custom_pod_values_place_the_uninstall_hook_as_they_place_the_replicas(
-    custom: list[Obj],
+# The chart's hook Jobs: the config check before install and upgrade, the uninstall before
+# delete; each with the command it runs.
+HOOK_JOBS = {
+    "gpuadm-uninstall": ["gpuadm", "uninstall"],
+    "gpuadm-config-check": ["gpuadm", "check-config"],
+}
+
+
+@pytest.mark.parametrize(("name", "command"), HOOK_JOBS.items())
+def test_custom_pod_values_place_the_hook_jobs_as_they_place_the_replicas(
+    custom: list[Obj], name: str, command: list[str]
 ) -> None:
-    """The pre-delete Job must be able to run where the replicas could: same pull secrets,
+    """The hook Jobs must be able to run where the replicas could: same pull secrets,
     nodes, tolerations, node affinity and priority, and the admin's pod labels and annotations
     (a sidecar injector's opt-out, say). Only the replicas are spread over zones and kept
     apart from one another."""
-    job = Rendered("helm", custom).one("Job", "gpuadm-uninstall")
+    job = Rendered("helm", custom).one("Job", name)
     template = job["spec"]["template"]
     spec = template["spec"]
     for key in ("imagePullSecrets", "priorityClassName", "nodeSelector", "tolerations"):
@@ -258,8 +267,8 @@ def test_custom_pod_values_place_the_uninstall_hook_as_they_place_the_replicas(
     assert "topologySpreadConstraints" not in spec
     assert template["metadata"]["annotations"] == CUSTOM["podAnnotations"]
     assert template["metadata"]["labels"]["team"] == "platform"
-    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == "gpuadm-uninstall"
-    assert [c["command"][:2] for c in spec["containers"]] == [["gpuadm", "uninstall"]]
+    assert template["metadata"]["labels"]["app.kubernetes.io/name"] == name
+    assert [c["command"][:2] for c in spec["containers"]] == [command]
 
 
 REQUIRED_APART = {
@@ -290,13 +299,15 @@ def test_the_uninstall_hook_takes_only_the_node_affinity_of_the_replicas(
     required = "requiredDuringSchedulingIgnoredDuringExecution"
     apart = _pod_spec(rendered.objects)["affinity"]["podAntiAffinity"]
     assert apart[required] == REQUIRED_APART[required]
-    job = rendered.one("Job", "gpuadm-uninstall")["spec"]["template"]["spec"]
-    assert job["affinity"] == {"nodeAffinity": affinity["nodeAffinity"]}
+    for name in HOOK_JOBS:
+        job = rendered.one("Job", name)["spec"]["template"]["spec"]
+        assert job["affinity"] == {"nodeAffinity": affinity["nodeAffinity"]}, name
     # With no node affinity, none at all. (Another file: renders are cached by argument.)
     apart = tmp_path / "apart.yaml"
     apart.write_text(yaml.safe_dump({"affinity": {"podAntiAffinity": REQUIRED_APART}}))
-    job = Rendered("helm", render("helm", "-f", str(apart))).one("Job", "gpuadm-uninstall")
-    assert "affinity" not in job["spec"]["template"]["spec"]
+    for name in HOOK_JOBS:
+        job = Rendered("helm", render("helm", "-f", str(apart))).one("Job", name)
+        assert "affinity" not in job["spec"]["template"]["spec"], name
 
 
 def test_custom_arguments_and_environment_follow_the_charts_own(custom: list[Obj]) -> None:
@@ -342,7 +353,8 @@ def test_custom_values_render_objects_the_api_accepts(
     custom: list[Obj], api_client: kubernetes.client.ApiClient
 ) -> None:
     assert schema_errors(api_client, _deployment(custom)) == []
-    assert schema_errors(api_client, Rendered("helm", custom).one("Job", "gpuadm-uninstall")) == []
+    for name in HOOK_JOBS:
+        assert schema_errors(api_client, Rendered("helm", custom).one("Job", name)) == []
 
 
 DIGEST = "sha256:" + "0123456789abcdef" * 4
@@ -352,8 +364,9 @@ def test_an_image_digest_pins_what_every_pod_pulls(render: Render) -> None:
     pinned = Rendered("helm", render("helm", "--set", f"image.digest={DIGEST}"))
     want = f"ghcr.io/gpuadm/gpuadm@{DIGEST}"
     assert [c["image"] for c in _pod_spec(pinned.objects)["containers"]] == [want]
-    job = pinned.one("Job", "gpuadm-uninstall")
-    assert [c["image"] for c in job["spec"]["template"]["spec"]["containers"]] == [want]
+    for name in HOOK_JOBS:
+        job = pinned.one("Job", name)
+        assert [c["image"] for c in job["spec"]["template"]["spec"]["containers"]] == [want]
     by_tag = _pod_spec(render("helm", "--set", "image.tag=1.2.3"))["containers"][0]["image"]
     assert by_tag == "ghcr.io/gpuadm/gpuadm:1.2.3"
 
@@ -691,3 +704,56 @@ def test_the_example_config_comes_from_its_values_file_alone(tools: dict[str, Pa
     policy, quotas = _config(_rendered(tools)[1])
     assert not policy["classes"].keys() & example_policy["classes"].keys()
     assert not quotas["namespaces"].keys() & example_quotas["namespaces"].keys()
+
+
+@pytest.mark.parametrize(
+    "given",
+    [
+        pytest.param(("-f", str(EXAMPLE_VALUES)), id="keys"),
+        pytest.param(
+            (
+                "--set-file",
+                f"policy={EXAMPLES / 'policy.yaml'}",
+                "--set-file",
+                f"quotas={EXAMPLES / 'quotas.yaml'}",
+            ),
+            id="text",
+        ),
+    ],
+)
+def test_the_config_check_reads_exactly_what_the_release_installs(
+    render: Render, given: tuple[str, ...]
+) -> None:
+    """Before install and upgrade, and before anything else of the release: the check Job
+    reads a ConfigMap of its own holding the very data of gpuadm-policy and gpuadm-quotas,
+    and needs no account token and no network."""
+    rendered = Rendered("helm", render("helm", *given))
+    check = rendered.one("ConfigMap", "gpuadm-config-check")
+    installed = {
+        **rendered.one("ConfigMap", "gpuadm-policy")["data"],
+        **rendered.one("ConfigMap", "gpuadm-quotas")["data"],
+    }
+    assert check["data"] == installed
+    assert set(installed) == {"policy.yaml", "quotas.yaml"}
+    job = rendered.one("Job", "gpuadm-config-check")
+    for hook in (check, job):
+        annotations = hook["metadata"]["annotations"]
+        assert annotations["helm.sh/hook"] == "pre-install,pre-upgrade"
+        assert "before-hook-creation" in annotations["helm.sh/hook-delete-policy"]
+    assert int(check["metadata"]["annotations"]["helm.sh/hook-weight"]) < int(
+        job["metadata"]["annotations"]["helm.sh/hook-weight"]
+    )
+    assert job["metadata"]["annotations"]["helm.sh/hook-output-log-policy"] == "hook-failed"
+    assert job["spec"]["backoffLimit"] == 0
+    spec = job["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec
+    (container,) = spec["containers"]
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert container["command"] == [
+        "gpuadm",
+        "check-config",
+        *(f"{mount['mountPath']}/{key}" for key in ("policy.yaml", "quotas.yaml")),
+    ]
+    volume = next(v for v in spec["volumes"] if v["name"] == "config")
+    assert volume["configMap"]["name"] == "gpuadm-config-check"

@@ -18,7 +18,7 @@ from webhook.quota.reservations import Reservation
 from webhook.quota.usage import Holding
 
 REPO = Path(__file__).resolve().parents[2]
-CRDS = [REPO / "deploy/base/crd.yaml", REPO / "deploy/helm/gpuadm/crds/gpuquotas.yaml"]
+CRDS = [REPO / "deploy/base/crd.yaml", REPO / "deploy/helm/gpuadm/templates/gpuquota-crd.yaml"]
 
 # Name, type and jsonPath of each column, in the order kubectl shows them.
 COLUMNS = [

@@ -517,7 +517,7 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
         assert _selects_gpuadm_pods(spread["labelSelector"]["matchLabels"], rendered)
 
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.1.0"
+    assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.2.0"
     serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)", "--log-level", "info"]
     # A replica drains before it stops, well within its grace period.
     serve += ["--shutdown-delay-seconds", "5"]
@@ -856,10 +856,13 @@ def test_helm_exempts_what_the_admin_lists_and_always_skips_kube_system(render: 
 
 
 def test_helm_and_kustomize_ship_one_gpuquota_crd() -> None:
-    """Helm installs CRDs from crds/, kustomize from deploy/base: one file, two copies."""
-    assert (REPO / "deploy/helm/gpuadm/crds/gpuquotas.yaml").read_text() == (
-        REPO / "deploy/base/crd.yaml"
-    ).read_text()
+    """Kustomize installs deploy/base/crd.yaml; the chart, the same CRD as a template that
+    `helm upgrade` upgrades and `helm uninstall` keeps."""
+    chart = yaml.safe_load((REPO / "deploy/helm/gpuadm/templates/gpuquota-crd.yaml").read_text())
+    base = yaml.safe_load((REPO / "deploy/base/crd.yaml").read_text())
+    assert chart["metadata"].pop("annotations") == {"helm.sh/resource-policy": "keep"}
+    assert chart == base
+    assert not (REPO / "deploy/helm/gpuadm/crds").exists()
 
 
 @pytest.mark.parametrize("key", ["policy.yaml", "quotas.yaml"])
@@ -912,6 +915,10 @@ def _comparable(obj: Obj) -> Obj:
     """An object without what may differ between renders: labels, YAML and CEL layout."""
     obj = copy.deepcopy(obj)
     obj["metadata"].pop("labels", None)
+    # Helm's alone: the CRD kept through `helm uninstall` (kustomize's delete deletes it).
+    annotations = obj["metadata"].get("annotations") or {}
+    if annotations.pop("helm.sh/resource-policy", None) == "keep" and not annotations:
+        del obj["metadata"]["annotations"]
     if obj["kind"] == "Deployment":
         obj["spec"]["template"]["metadata"].pop("labels")
     if obj["kind"] == "ConfigMap":
@@ -932,9 +939,10 @@ def _hook(obj: Obj) -> str | None:
 def test_kustomize_and_helm_render_the_same_objects(
     kustomize: str, helm: str, render: Render
 ) -> None:
-    # Helm leaves the namespace to `--create-namespace`, and runs its uninstall hook, which
-    # kustomize has no way to express (docs/deploy.md#uninstall has the admin run `gpuadm
-    # uninstall` first instead); everything else must match.
+    # Helm leaves the namespace to `--create-namespace`, and runs its uninstall hook and its
+    # config check, which kustomize has no way to express (docs/deploy.md#uninstall has the
+    # admin run `gpuadm uninstall` first instead, and `gpuadm check-config` runs on the
+    # overlay's files); everything else must match.
     def by_key(name: str) -> dict[tuple[str, str], Obj]:
         return {
             (o["kind"], o["metadata"]["name"]): _comparable(o)
@@ -946,11 +954,11 @@ def test_kustomize_and_helm_render_the_same_objects(
     assert sorted(from_kustomize) == sorted(from_helm)
     for key, obj in from_kustomize.items():
         assert obj == from_helm[key], f"{key} differs"
-    # What was left out of Helm's side is its uninstall hook, and nothing else.
+    # What was left out of Helm's side is its two hooks, and nothing else.
     assert not [o for o in render(kustomize) if _hook(o)]
-    assert sorted((o["kind"], o["metadata"]["name"]) for o in render(helm) if _hook(o)) == [
-        (kind, "gpuadm-uninstall") for kind in sorted(HOOK_KINDS)
-    ]
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in render(helm) if _hook(o)) == sorted(
+        [(kind, "gpuadm-uninstall") for kind in HOOK_KINDS] + CONFIG_CHECK_HOOK
+    )
 
 
 # --- the uninstall hook (Helm only) -------------------------------------------------------------
@@ -965,6 +973,11 @@ HOOK_KINDS = {
     "Role",
     "RoleBinding",
 }
+
+
+# The config check before install and upgrade (tests/deploy/test_chart.py): its ConfigMap and
+# its Job.
+CONFIG_CHECK_HOOK = [("ConfigMap", "gpuadm-config-check"), ("Job", "gpuadm-config-check")]
 
 
 def _uninstall_job(rendered: Rendered) -> Obj:
@@ -1038,7 +1051,10 @@ def test_helm_uninstall_hook_follows_the_release_namespace_and_can_be_left_out(
     assert _uninstall_job(no_policy)
     assert no_policy.all("NetworkPolicy") == []
     off = render("helm", "--set", "uninstallHook.enabled=false")
-    assert [o for o in off if _hook(o)] == []
+    assert [o for o in off if _hook(o) == "pre-delete"] == []
+    assert sorted((o["kind"], o["metadata"]["name"]) for o in off if _hook(o)) == (
+        CONFIG_CHECK_HOOK
+    )
     # No account or role of the hook's either, and gpuadm's own stay as they are.
     assert [o for o in off if o["metadata"]["name"] == "gpuadm-uninstall"] == []
     assert _rules(Rendered("helm", off).one("ClusterRole")) == sorted(SERVE_CLUSTER_RULES)
@@ -1050,7 +1066,11 @@ def test_helm_uninstall_hook_holds_what_it_calls(name: str, render: Render) -> N
     deleted with them once it has succeeded: the one account that may delete gpuadm's
     webhook configurations lives only while `helm uninstall` runs."""
     rendered = Rendered(name, render(name))
-    hook = {(o["kind"], o["metadata"]["name"]): o for o in rendered.objects if _hook(o)}
+    hook = {
+        (o["kind"], o["metadata"]["name"]): o
+        for o in rendered.objects
+        if _hook(o) and o["metadata"]["name"] == "gpuadm-uninstall"
+    }
     assert set(hook) == {(kind, "gpuadm-uninstall") for kind in HOOK_KINDS}
     job_weight = int(_uninstall_job(rendered)["metadata"]["annotations"]["helm.sh/hook-weight"])
     for (kind, _), obj in hook.items():

@@ -153,3 +153,4 @@ def _delete_namespace(core_v1: kubernetes.client.CoreV1Api, name: str) -> None:
 
 # gpuadm's own fixtures live beside the generic ones; importing them here makes pytest see them.
 from tests.e2e.fixtures import controller_manager, gpuadm, scheduler  # noqa: E402, F401
+from tests.e2e.installed import image  # noqa: E402, F401

@@ -30,7 +30,6 @@ from tests.e2e.installed import (
     NAMESPACE,
     Image,
     Installation,
-    build_image,
     on_a_real_node,
     wait_for,
 )
@@ -58,11 +57,6 @@ QUOTAS = {
 }
 GATE = "gpuadm.io/quota"
 FREES_AT = re.compile(r"enough frees at (\S+Z)")
-
-
-@pytest.fixture(scope="module")
-def image() -> Image:
-    return build_image()
 
 
 @pytest.fixture(scope="module")

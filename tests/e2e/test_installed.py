@@ -37,7 +37,6 @@ from tests.e2e.installed import (
     Image,
     Installation,
     Stream,
-    build_image,
     on_a_real_node,
     wait_for,
 )
@@ -54,11 +53,6 @@ TENANTS: dict[str, dict[str, object]] = {
 }
 QUOTAS = {"mode": "enforce", "namespaces": TENANTS}
 GATE = "gpuadm.io/quota"
-
-
-@pytest.fixture(scope="module")
-def image() -> Image:
-    return build_image()
 
 
 @pytest.fixture(scope="module")

@@ -101,3 +101,25 @@ def _install_notes(plane: ControlPlane, helm: Path, *values: str) -> str:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_the_install_notes_say_when_no_class_is_configured_and_which_image_to_pull(
+    control_plane: ControlPlane,
+    tools: dict[str, Path],  # noqa: F811
+) -> None:
+    """The chart's defaults hold no class: the notes say that nothing is rewritten, until a
+    policy is given, and name the image that pods in ImagePullBackOff could not pull."""
+    helm = tools["helm"]
+    defaults = _install_notes(control_plane, helm)
+    assert "No GPU class is configured: gpuadm rewrites and charges nothing" in defaults
+    assert "cannot pull ghcr.io/gpuadm/gpuadm:" in defaults
+    example = _install_notes(
+        control_plane,
+        helm,
+        "-f",
+        "examples/values-example.yaml",
+        "--set",
+        "image.repository=registry.example.com/gpuadm",
+    )
+    assert "No GPU class" not in example
+    assert "cannot pull registry.example.com/gpuadm:" in example

@@ -19,6 +19,10 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import re
+import subprocess
+import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -41,7 +45,6 @@ from tests.e2e.installed import (
     Image,
     Installation,
     Outcomes,
-    build_image,
     build_released_image,
     classify,
     create,
@@ -49,6 +52,7 @@ from tests.e2e.installed import (
     released_chart,
     wait_for,
 )
+from tests.support import ROOT
 
 ROOM = 20
 # "burst": 0.1.0 admits HELD of LIMIT; a burst in the rollout, when replicas of both versions
@@ -65,6 +69,14 @@ TENANTS: dict[str, dict[str, object]] = {
 # happened: each round dials new connections, to replicas of either version.
 ROUNDS, ROUND = 12, 40
 QUOTAS = {"mode": "enforce", "namespaces": TENANTS}
+# After the upgrade, a GPU-hour budget too, which 0.1.0 did not know: its GPUQuota shows it in
+# the status fields and columns the upgraded CRD added.
+BUDGET = "500h/7d"
+QUOTAS_AFTER = {
+    "mode": "enforce",
+    "namespaces": {**TENANTS, "upgraded": {"h100": 10_000, "budget": {"h100": BUDGET}}},
+}
+OPERATIONS_DOC = ROOT / "docs" / "operations.md"
 # How 0.1.0 refuses a pod whose namespace's record it cannot read: its answer to any fault,
 # with HTTP status 500, which the suite's clients retry as they retry a "retry".
 OLD_REFUSAL = "gpuadm failed to judge this request"
@@ -72,11 +84,6 @@ OLD_REFUSAL = "gpuadm failed to judge this request"
 # mapping).
 OLD_MISREAD = "'list' object has no attribute 'items'"
 GPUQUOTAS = ("gpuadm.io", "v1alpha1", "gpuquotas")
-
-
-@pytest.fixture(scope="module")
-def image() -> Image:
-    return build_image()
 
 
 @pytest.fixture(scope="module")
@@ -315,6 +322,43 @@ class KeptLogs:
         return sorted(times)
 
 
+def _documented_handover() -> str:
+    """The shell block of operations.md's first step of "Upgrading from 0.1.0", as written."""
+    text = OPERATIONS_DOC.read_text()
+    section = text[text.index("### Upgrading from 0.1.0") :]
+    found = re.search(r"```sh\n(.*?)```", section, re.DOTALL)
+    assert found is not None, "operations.md's 'Upgrading from 0.1.0' has no shell block"
+    return textwrap.dedent(found.group(1))
+
+
+def test_the_upgrade_stops_until_the_crd_is_handed_over_as_documented(
+    installation: Installation, image: Image, old_image: Image
+) -> None:
+    """0.1.0's chart installed the CRD from crds/, which is no object of the release: Helm
+    will not take it over, and stops the upgrade before it changes anything. The admin's
+    step of operations.md, run as written with kubectl, hands it over."""
+    with pytest.raises(AssertionError, match="cannot be imported into the current release"):
+        installation.upgrade(installation.values(image, QUOTAS_AFTER))
+    assert installation.all_pods_are(old_image.name)
+    ran = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _documented_handover()],
+        env={
+            **os.environ,
+            "PATH": f"{installation.plane.bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "KUBECONFIG": str(installation.plane.kubeconfig_path),
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode == 0, ran.stderr
+    extensions = kubernetes.client.ApiextensionsV1Api(installation.api)
+    crd = extensions.read_custom_resource_definition("gpuquotas.gpuadm.io")
+    assert crd.metadata.labels["app.kubernetes.io/managed-by"] == "Helm"
+    assert crd.metadata.annotations["meta.helm.sh/release-name"] == RELEASE
+
+
 def test_reused_values_of_0_1_0_do_not_render_with_this_chart(
     installation: Installation, image: Image
 ) -> None:
@@ -345,7 +389,7 @@ def test_helm_upgrade_to_this_tree_over_admits_nowhere(
         try:
             # This tree's chart holds no class: the example policy and quotas come in as the
             # suite's other installs take them, with the test's quotas over them.
-            installation.upgrade(installation.values(image, QUOTAS))
+            installation.upgrade(installation.values(image, QUOTAS_AFTER))
         except BaseException as error:  # reported by the test's thread
             errors.append(error)
 
@@ -453,27 +497,25 @@ def test_helm_upgrade_to_this_tree_over_admits_nowhere(
     assert all(ca in bundle for bundle in bundles.values()), bundles.keys()
 
 
-def test_the_crd_stays_0_1_0s_until_applied(installation: Installation) -> None:
-    """Helm installs crds/ only at install: the upgrade leaves 0.1.0's GPUQuota CRD, which
-    lacks the budget columns; the admin applies the chart's own, as the test does here."""
+def test_the_upgrade_carried_the_crd_and_gpuquotas_show_the_budget(
+    installation: Installation,
+) -> None:
+    """The CRD is the chart's template now, upgraded with it: its budget columns and status
+    fields are there, GPUQuota objects fill them, and every quota is still published."""
     extensions = kubernetes.client.ApiextensionsV1Api(installation.api)
+    crd = extensions.read_custom_resource_definition("gpuquotas.gpuadm.io")
+    columns = {c.name for c in crd.spec.versions[0].additional_printer_columns or []}
+    assert {"Budget", "Budget used"} <= columns
+    assert crd.metadata.annotations["helm.sh/resource-policy"] == "keep"
 
-    def columns() -> set[str]:
-        crd = extensions.read_custom_resource_definition("gpuquotas.gpuadm.io")
-        return {c.name for c in crd.spec.versions[0].additional_printer_columns or []}
+    def budget_published() -> bool:
+        status = (_gpuquota(installation, "upgraded", "h100") or {}).get("status", {})
+        return status.get("budget") == BUDGET and "budgetUsed" in status
 
-    assert "Budget" not in columns()
-    crd = yaml.safe_load(Path(CHART, "crds", "gpuquotas.yaml").read_text())
-    resource = kubernetes.client.ApiextensionsV1Api(installation.api)
-    current = resource.read_custom_resource_definition("gpuquotas.gpuadm.io")
-    crd["metadata"]["resourceVersion"] = current.metadata.resource_version
-    resource.replace_custom_resource_definition("gpuquotas.gpuadm.io", crd)
-    assert "Budget" in columns()
+    wait_for(budget_published, "GPUQuota upgraded/h100 showing its budget", 120)
 
-    def published() -> bool:
-        quota = _gpuquota(installation, "tight", "h100")
-        status = (quota or {}).get("status", {})
+    def tight_published() -> bool:
+        status = (_gpuquota(installation, "tight", "h100") or {}).get("status", {})
         return str(status.get("limit")) == str(ROOM)
 
-    wait_for(published, "the new leader publishing GPUQuota tight/h100", 60)
-    assert installation.core.read_namespace(NAMESPACE)
+    wait_for(tight_published, "the new leader publishing GPUQuota tight/h100", 60)

@@ -32,6 +32,8 @@ CONFIG_MAPS: dict[Kind, tuple[str, str]] = {
     "policy": ("gpuadm-policy", "policy.yaml"),
     "quotas": ("gpuadm-quotas", "quotas.yaml"),
 }
+# An object Helm makes for a hook only: not what the release installs.
+HELM_HOOK = "helm.sh/hook"
 
 
 def _keys(kind: Kind) -> frozenset[str]:
@@ -278,7 +280,10 @@ def _config_map(source: str, text: str, node: yaml.Node, found: Findings) -> Non
     from policies.suggest import suggestion
 
     keys = _scalar_keys(node)
-    name = _scalar_keys(keys.get("metadata")).get("name")
+    metadata = _scalar_keys(keys.get("metadata"))
+    if HELM_HOOK in _scalar_keys(metadata.get("annotations")):
+        return  # a Helm hook's (the chart's config check holds a copy): never what serve reads
+    name = metadata.get("name")
     map_name = name.value if isinstance(name, yaml.ScalarNode) else ""
     data = keys.get("data")
     entries = data.value if isinstance(data, yaml.MappingNode) else []

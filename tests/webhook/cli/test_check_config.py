@@ -358,14 +358,22 @@ def test_helm_values_given_as_text_are_checked_at_their_lines(
 
 
 def test_a_rendered_chart_on_stdin_is_checked(tmp_path: Path) -> None:
-    """`helm template ... | gpuadm check-config -`, with the chart's own ConfigMaps."""
-    shipped = (ROOT / "deploy" / "helm" / "gpuadm" / "templates" / "configmaps.yaml").read_text()
+    """`helm template ... | gpuadm check-config -`, with the chart's own ConfigMaps; a Helm
+    hook's ConfigMap (the chart's config check holds a copy) is not the installed config,
+    and is left alone, whatever it holds."""
+    shipped = (ROOT / "deploy" / "helm" / "gpuadm" / "templates" / "_helpers.tpl").read_text()
     # What helm renders of the template: the values indented under each key.
     values = (ROOT / "examples" / "policy.yaml").read_text()
+    hook = config_map("gpuadm-config-check", POLICY_KEY, "classes: 5\n").replace(
+        "metadata:\n", "metadata:\n  annotations:\n    helm.sh/hook: pre-install,pre-upgrade\n"
+    )
+    assert "helm.sh/hook" in hook
     rendered = (
         config_map(POLICY_MAP, POLICY_KEY, values)
         + "---\n"
         + config_map(QUOTAS_MAP, QUOTAS_KEY, "namespaces:\n  team-a: {a100: 1, t4: 1}\n")
+        + "---\n"
+        + hook
     )
     assert "policy.yaml: |" in shipped
     result = subprocess.run(

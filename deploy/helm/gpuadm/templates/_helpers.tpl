@@ -31,6 +31,18 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
 {{- end }}
 
 {{/*
+The labels of the config check's Job, pod and ConfigMap (config-check.yaml): gpuadm's, under
+another name, so that nothing of the replicas' selects them.
+*/}}
+{{- define "gpuadm.configCheckLabels" -}}
+app.kubernetes.io/name: gpuadm-config-check
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end }}
+
+{{/*
 The annotations of what the uninstall Job needs made before it (its account, roles and
 NetworkPolicy): pre-delete hooks of a lower weight than the Job's, replaced at each attempt,
 and deleted once the Job has succeeded.
@@ -104,6 +116,33 @@ exactly what the admin wrote. Called with (list "policy" TEXT) or (list "quotas"
 {{- fail (printf "%s is %s: give %s.yaml as its keys or as its text (%s)" $name $given $name $none) }}
 {{- end }}
 {{- toYaml (dict (printf "%s.yaml" $name) $text) }}
+{{- end }}
+
+{{/*
+The data of the ConfigMap gpuadm-policy, and of the check Job's (config-check.yaml): from the
+values' keys, with the release namespace added to exemptNamespaces, or their text as it is.
+*/}}
+{{- define "gpuadm.policyData" -}}
+{{- if kindIs "map" .Values.policy -}}
+# The values' policy, with the release namespace added to exemptNamespaces.
+{{- $policy := merge (dict "exemptNamespaces" (include "gpuadm.exemptNamespaces" . | fromJsonArray)) .Values.policy }}
+policy.yaml: |
+  {{- toYaml $policy | nindent 2 }}
+{{- else -}}
+# The values' policy text, as it is.
+{{ include "gpuadm.configText" (list "policy" .Values.policy) }}
+{{- end }}
+{{- end }}
+
+{{/* The data of the ConfigMap gpuadm-quotas, and of the check Job's, as gpuadm.policyData. */}}
+{{- define "gpuadm.quotasData" -}}
+{{- if kindIs "map" .Values.quotas -}}
+quotas.yaml: |
+  {{- toYaml .Values.quotas | nindent 2 }}
+{{- else -}}
+# The values' quotas text, as it is.
+{{ include "gpuadm.configText" (list "quotas" .Values.quotas) }}
+{{- end }}
 {{- end }}
 
 {{/*
