@@ -55,9 +55,10 @@ def _chart_version() -> str:
 def _check_log(installation: Installation) -> str:
     """What the check Job's container wrote, from the kubelet's logs."""
     directory = installation.node.workdir / "kubelet" / "pod-logs"
-    files = sorted(directory.glob(f"{NAMESPACE}_{CHECK_JOB}-*/check-config/*.log"))
+    files = list(directory.glob(f"{NAMESPACE}_{CHECK_JOB}-*/check-config/*.log"))
     assert files, f"no log of the {CHECK_JOB} Job's pod"
-    return files[-1].read_text(errors="replace")
+    # The latest Job's: an earlier one's may not be cleaned up yet.
+    return max(files, key=lambda path: path.stat().st_mtime).read_text(errors="replace")
 
 
 def _exists(read: Any, *args: str) -> bool:
@@ -70,8 +71,9 @@ def _exists(read: Any, *args: str) -> bool:
     return True
 
 
-def _uninstall(installation: Installation) -> None:
-    installation.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+def _uninstall(installation: Installation, *, hooks: bool = True) -> None:
+    no_hooks = () if hooks else ("--no-hooks",)
+    installation.helm("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait", *no_hooks)
     wait_for(lambda: not installation.gpuadm_pods(), "gpuadm's pods gone", 120)
 
 
@@ -99,6 +101,24 @@ def test_a_config_the_replicas_would_refuse_never_installs(
     batch = kubernetes.client.BatchV1Api(installation.api)
     assert _exists(batch.read_namespaced_job, CHECK_JOB, NAMESPACE)
     _uninstall(installation)
+
+
+def test_an_image_the_node_cannot_pull_fails_the_install_saying_so(
+    installation: Installation, image: Image
+) -> None:
+    """The placeholder image, or a typo in image.repository: the check Job cannot start, and
+    the install fails at its deadline with nothing installed, rather than registering a
+    fail-closed webhook that no replica will ever answer."""
+    values = installation.values(image, {})
+    values["image"] = {"repository": "registry.invalid/gpuadm", "pullPolicy": "IfNotPresent"}
+    values["configCheck"] = {"activeDeadlineSeconds": 30}
+    with pytest.raises(AssertionError) as refused:
+        installation.install(values)
+    assert f"job {CHECK_JOB} failed: DeadlineExceeded" in str(refused.value)
+    admission = kubernetes.client.AdmissionregistrationV1Api(installation.api)
+    assert not _exists(admission.read_validating_webhook_configuration, "gpuadm")
+    # Its uninstall Job could not pull the image either: nothing of the release to undo.
+    _uninstall(installation, hooks=False)
 
 
 def test_the_defaults_rewrite_and_charge_nothing(installation: Installation, image: Image) -> None:
