@@ -29,8 +29,9 @@ _QUANTITY = re.compile(
     r"^(?P<number>[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))"
     r"(?:(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE])|[eE](?P<exponent>[+-]?[0-9]+))?$"
 )
-# The same grammar without group names, for JSON schemas (the chart's values.schema.json).
-QUANTITY_PATTERN = re.sub(r"\?P<[a-z]+>", "", _QUANTITY.pattern)
+# The same grammar without group names, for JSON schemas (the chart's values.schema.json),
+# with the blanks around it that parsing strips.
+QUANTITY_PATTERN = r"^\s*" + re.sub(r"\?P<[a-z]+>", "", _QUANTITY.pattern)[1:-1] + r"\s*$"
 
 MiB = 2**20
 # Kubernetes caps every quantity at 2^63 - 1 in magnitude: nothing larger is a resource.

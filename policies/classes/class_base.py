@@ -33,6 +33,7 @@ from policies.errors import Denial
 from policies.pods.dra_templates import ClaimTemplate, Held
 from policies.pods.pod_view import ContainerView, PodView
 from policies.quantity import (
+    MAX_QUANTITY_CHARS,
     QUANTITY_PATTERN,
     QuantityError,
     format_amount,
@@ -78,7 +79,8 @@ def quantity_schema(minimum: int | None = None) -> WithJsonSchema:
     number: dict[str, Any] = {"type": "number"}
     if minimum is not None:
         number["minimum"] = minimum
-    return WithJsonSchema({"anyOf": [number, {"type": "string", "pattern": QUANTITY_PATTERN}]})
+    text = {"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": MAX_QUANTITY_CHARS}
+    return WithJsonSchema({"anyOf": [number, text]})
 
 
 Bytes = Annotated[

@@ -150,7 +150,7 @@ def test_helm_refuses_what_gpuadm_would_refuse_naming_it(
     assert why in rendered.stderr, rendered.stderr
 
 
-@pytest.mark.parametrize("amount", [0, 2, 0.5, "500m", "2", "1e3", "1.5", "+1", ".5"])
+@pytest.mark.parametrize("amount", [0, 2, 0.5, "500m", "2", "1e3", "1.5", "+1", ".5", " 2 "])
 def test_every_amount_gpuadm_reads_installs(
     tools: dict[str, Path],  # noqa: F811
     tmp_path: Path,

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from fractions import Fraction
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from policies.quantity import (
+    QUANTITY_PATTERN,
     QuantityError,
     ceil_div,
     floor_div,
@@ -121,3 +125,14 @@ def test_ceil_div_rounds_up_only() -> None:
     assert ceil_div(Fraction(64, 10), 1) == 7
     assert ceil_div(Fraction(64), 1) == 64
     assert ceil_div(Fraction(1, 10**9), 2**20) == 1
+
+
+@given(st.text(alphabet="0123456789.+-eEkKMGTPinum \t", max_size=14))
+def test_the_schema_pattern_takes_every_quantity_gpuadm_reads(text: str) -> None:
+    # The chart's values schema checks quantities by this pattern: it must never refuse at
+    # install what gpuadm itself reads.
+    try:
+        parse_quantity(text)
+    except QuantityError:
+        return
+    assert re.match(QUANTITY_PATTERN, text), text
