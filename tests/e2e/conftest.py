@@ -14,12 +14,16 @@ import uuid
 from collections.abc import Generator, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import ControlPlane
+
+if TYPE_CHECKING:
+    from tests.e2e.installed import Image
 
 E2E_DIR = Path(__file__).resolve().parent
 TEST_LABEL = "gpuadm.test/e2e"
@@ -151,6 +155,15 @@ def _delete_namespace(core_v1: kubernetes.client.CoreV1Api, name: str) -> None:
     core_v1.delete_collection_namespaced_pod(name, grace_period_seconds=0)
 
 
+@pytest.fixture(scope="session")
+def image() -> Image:
+    """This tree's image, for the modules that install gpuadm's chart on a real node."""
+    # Imported here: tests.e2e.installed imports this module (`make dev-cluster` loads it
+    # first, without pytest).
+    from tests.e2e.installed import build_image
+
+    return build_image()
+
+
 # gpuadm's own fixtures live beside the generic ones; importing them here makes pytest see them.
 from tests.e2e.fixtures import controller_manager, gpuadm, scheduler  # noqa: E402, F401
-from tests.e2e.installed import image  # noqa: E402, F401

@@ -102,12 +102,6 @@ def build_image() -> Image:
     return Image(Path(archive), name)
 
 
-@pytest.fixture(scope="session")
-def image() -> Image:
-    """This tree's image, for the modules that install gpuadm's chart on a real node."""
-    return build_image()
-
-
 def released_tree(commit: str) -> Path:
     """The repository's tree at `commit`, exported once from git history (`git archive`) into
     the cache: the sources an earlier release's image is built from, and its chart."""
