@@ -160,7 +160,7 @@ class Creates:
     namespace: str
     churn: bool = False
     threads: int = 1
-    retries: int = 5
+    retries: int = 8
     created: int = 0
     refused: int = 0
     most_stored: int = 0
@@ -209,7 +209,9 @@ class Creates:
             if kind in RETRIED and attempt < self.retries:
                 with self._lock:
                     self.retried.append(f"{kind}: {message}")
-                time.sleep(0.2)
+                # Backing off as client-go does, from 0.2 s to 2 s: a 0.1.0 replica stops
+                # without draining, and the apiserver's calls to it fail until it is gone.
+                time.sleep(min(0.2 * 2**attempt, 2.0))
                 continue
             break
         if kind in RETRIED and OLD_REFUSAL in message:
