@@ -259,9 +259,15 @@ def test_the_scheduler_puts_two_half_gpu_claims_on_one_device_and_no_third(
     (node,) = shared_pools
     reviews = alpha_gpuadm.reviews()
     with half_gpu_pods(alpha_api) as make:
-        placed = [make() for _ in range(2)]
-        for pod, _ in placed:
-            assert alpha_scheduler.bound(UNGOVERNED, pod) == node
+        # One at a time, each made once the one before is bound. Made together, the second
+        # can be found to have no room while the first's allocation is still in flight
+        # (the alpha allocator counts consumed capacity of in-flight claims beside what it
+        # has seen), and another claim's allocation never requeues a pod: it then waits out
+        # the scheduler's five-minute flush of unschedulable pods.
+        placed = []
+        for _ in range(2):
+            placed.append(make())
+            assert alpha_scheduler.bound(UNGOVERNED, placed[-1][0]) == node
         # The third once both are bound: made together, any two of the three could get halves.
         third, third_claim = make()
         reason = alpha_scheduler.unschedulable(UNGOVERNED, third)
