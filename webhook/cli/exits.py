@@ -3,6 +3,8 @@
 - 0: done, and the answer is yes (allowed, valid, written).
 - 1: done, and the answer is no (denied, invalid config, nothing to show); what was wrong
   is printed on stdout, as part of the answer.
+- 3 (`review` only): done, and the answer is "not yet": nothing would be refused, but a pod
+  would wait in line for room (queue mode).
 - 2: the command could not do its job (bad arguments, unreadable input, no cluster); the
   reason is printed on stderr as `gpuadm: <reason>`. argparse uses 2 for bad usage too.
 """
@@ -19,6 +21,7 @@ class ExitCode(IntEnum):
     OK = 0
     REFUSED = 1
     FAILED = 2
+    WAITS = 3
 
 
 class CommandError(Exception):

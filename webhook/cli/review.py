@@ -16,8 +16,9 @@ from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
 
 if TYPE_CHECKING:
+    from policies.workloads import PodSet
+    from webhook.cli.admission_run import PodsToJudge
     from webhook.config.snapshot import ConfigSnapshot
-    from webhook.reviews.request import AdmissionRequest
 
 # Admission, the core, the quota ledger and the event loop are imported when a review runs,
 # so that building the command line (for --help, --version, or another command) does not load
@@ -53,28 +54,17 @@ for _tag, _construct in (
     ManifestLoader.add_constructor(_tag, _number_unless_base_60(_construct))
 
 
-# Where each workload kind keeps the template of its pods.
-TEMPLATE_PATHS: dict[str, tuple[str, ...]] = {
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicationController": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-    "PodTemplate": ("template",),
-}
-
-
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpuadm review` to the command line."""
     review = sub.add_parser(
         "review",
         help="show offline what gpuadm would do to a pod, or to the pods of a workload",
-        description="Run each Pod, or each pod template of a Deployment, StatefulSet, "
-        "ReplicaSet, DaemonSet, Job or CronJob, through gpuadm's admission as the apiserver "
-        "would. A file may hold several documents and Lists. Exit 0 if every pod would be "
-        "admitted, 1 if one would be denied.",
+        description="Run each Pod, and each pod a workload's controller would make (as many "
+        "as its replicas, parallelism or replica specs say), through gpuadm's admission as "
+        "the apiserver would, one after the other, so that each meets the room the ones "
+        "before it took. A file may hold several documents and Lists; every object that "
+        "holds a pod template is judged, whatever its kind. Exit 0 if every pod would run, "
+        "1 if one would be refused, 3 if none would be refused but one would wait in line.",
     )
     review.add_argument("pod", type=Path, help="a manifest (YAML or JSON); - for stdin")
     flags.add_config_files(review, otherwise="or --from-cluster")
@@ -113,9 +103,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def run(args: argparse.Namespace) -> ExitCode:
-    """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod."""
+    """Print what gpuadm would do to each pod: verdict, warnings, patch and the stored pod;
+    for a workload, how many of its pods would run, wait or be refused; then the totals."""
     import asyncio
 
+    from webhook.cli.admission_run import review_all
     from webhook.cli.config_files import load_documents
 
     if args.from_cluster == (args.policy is not None):
@@ -131,80 +123,110 @@ def run(args: argparse.Namespace) -> ExitCode:
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise CommandError(f"cannot read pod {args.pod}: {reason}") from None
-    pods = [found for document in documents for found in _pods_of(document, args.pod)]
-    if not pods:
+    found, not_judged = _pods_in([o for d in documents for o in _objects(d, args.pod)], args.pod)
+    if not found:
         raise CommandError(f"{args.pod} is not a Pod manifest, and holds no pod template")
-    results = []
-    for label, pod, namespace in pods:
-        if args.namespace and namespace and namespace != args.namespace:
+    for judged in found:
+        if args.namespace and judged.namespace and judged.namespace != args.namespace:
             # kubectl's words: a manifest of one namespace is never judged in another.
             raise CommandError(
-                f"the namespace from the provided object {namespace!r} does not match the "
-                f"namespace {args.namespace!r}: give -n {namespace}, or no -n"
+                f"the namespace from the provided object {judged.namespace!r} does not match "
+                f"the namespace {args.namespace!r}: give -n {judged.namespace}, or no -n"
             )
-        namespace = str(args.namespace or namespace or "default")
+        judged.namespace = str(args.namespace or judged.namespace or "default")
         # The apiserver stores a pod in the namespace it is created in.
-        pod["metadata"]["namespace"] = namespace
-        held = in_use if cluster is None else _added(in_use, cluster.held(namespace))
-        result = asyncio.run(simulate_admission(pod, namespace, config, in_use=held))
-        results.append({"object": label, **result} if len(pods) > 1 else result)
+        judged.pod["metadata"]["namespace"] = judged.namespace
+    held = {
+        namespace: in_use if cluster is None else _added(in_use, cluster.held(namespace))
+        for namespace in dict.fromkeys(str(judged.namespace) for judged in found)
+    }
+    results, totals = asyncio.run(review_all(found, config, held))
+    several = len(results) > 1
+    if several or not_judged:
+        for judged, result in zip(found, results, strict=True):
+            result["object"] = judged.pod_set.label
+        shown: dict[str, Any] = {"items": results, "totals": totals, "notJudged": not_judged}
+    else:
+        shown = {**results[0], "totals": totals}
     if args.output == "json":
-        print(json.dumps(results[0] if len(results) == 1 else {"items": results}, indent=2))
+        print(json.dumps(shown, indent=2))
     elif args.output == "yaml":
-        shown = results[0] if len(results) == 1 else {"items": results}
         print(yaml.safe_dump(shown, sort_keys=False).rstrip())
     else:
         for result in results:
-            if len(results) > 1:
+            if several:
                 print(f"--- {result['object']}")
             _print(result)
-    return ExitCode.OK if all(r["allowed"] for r in results) else ExitCode.REFUSED
+        _print_totals(totals, not_judged, several=several)
+    # A template refused as it stands is refused too, even of a workload scaled to 0.
+    if any(not result["allowed"] or result["workload"]["refused"] for result in results):
+        return ExitCode.REFUSED
+    return ExitCode.WAITS if any(r["workload"]["waiting"] for r in results) else ExitCode.OK
 
 
-def _pods_of(document: Any, path: Path) -> list[tuple[str, dict[str, Any], str | None]]:
-    """Return (label, pod, namespace) for each pod a document stands for: a Pod, the pod
-    template of a workload, or each item of a List."""
+def _objects(document: Any, path: Path) -> list[dict[str, Any]]:
+    """Return the objects of a document: itself, or each item of a List."""
     if not isinstance(document, dict):
         raise CommandError(f"{path} is not a Pod manifest")
     kind = document.get("kind", "Pod")
     if isinstance(document.get("items"), list) and str(kind).endswith("List"):
-        return [found for item in document["items"] for found in _pods_of(item, path)]
-    metadata = document.get("metadata") or {}
-    if not isinstance(metadata, dict):
+        return [found for item in document["items"] for found in _objects(item, path)]
+    if not isinstance(document.get("metadata") or {}, dict):
         raise CommandError(f"{path}: metadata is not a mapping")
-    name = metadata.get("name") or metadata.get("generateName") or ""
-    namespace = metadata.get("namespace")
-    if kind == "Pod":
-        pod = _as_json(document, path)
-        label = f"Pod/{name}"
-    elif kind in TEMPLATE_PATHS:
-        template: Any = document
-        for key in TEMPLATE_PATHS[kind]:
-            template = template.get(key) if isinstance(template, dict) else None
-        if not isinstance(template, dict):
-            raise CommandError(f"{path}: {kind}/{name} has no pod template")
-        template_metadata = template.get("metadata") or {}
+    return [document]
+
+
+def _pods_in(objects: list[dict[str, Any]], path: Path) -> tuple[list[PodsToJudge], list[str]]:
+    """Return the pod sets of every object, each with its pod; and the objects that make no
+    pod (a Service, a ConfigMap), by kind and name. The PodGroups among the objects give
+    their groups' sizes."""
+    from policies.workloads import GangError, min_member, pod_group_key, pod_sets
+    from webhook.cli.admission_run import PodsToJudge
+
+    try:
+        groups = {key: min_member(o) for o in objects if (key := pod_group_key(o)) is not None}
+        found, not_judged = [], []
+        for document in objects:
+            metadata = document.get("metadata") or {}
+            namespace = metadata.get("namespace")
+            sets = pod_sets(document, groups)
+            if not sets and pod_group_key(document) is None:
+                name = metadata.get("name") or metadata.get("generateName") or ""
+                not_judged.append(f"{document.get('kind', 'Pod')}/{name}")
+            for pod_set in sets:
+                pod = _pod_of(pod_set, path)
+                found.append(
+                    PodsToJudge(pod_set, pod, namespace if isinstance(namespace, str) else None)
+                )
+    except GangError as error:
+        raise CommandError(f"{path}: {error}") from None
+    return found, not_judged
+
+
+def _pod_of(pod_set: PodSet, path: Path) -> dict[str, Any]:
+    """Return the pod a pod set stands for: a Pod as written, or the pod a controller makes
+    of the template (the template's metadata and spec, named after the workload)."""
+    if pod_set.kind == "Pod":
+        pod = _as_json(dict(pod_set.template), path)
+    else:
+        template_metadata = pod_set.template.get("metadata") or {}
         if not isinstance(template_metadata, dict):
-            raise CommandError(f"{path}: {kind}/{name}: the template's metadata is not a mapping")
-        # The pod its controller creates: the template's metadata and spec, named after it.
+            raise CommandError(f"{path}: {pod_set.label}: the template's metadata is not a mapping")
         pod = _as_json(
             {
                 "apiVersion": "v1",
                 "kind": "Pod",
-                "metadata": {"generateName": f"{name}-", **template_metadata},
-                "spec": template.get("spec"),
+                "metadata": {"generateName": f"{pod_set.name}-", **template_metadata},
+                "spec": pod_set.template.get("spec"),
             },
             path,
         )
-        label = f"{kind}/{name}"
-    else:
-        return []  # a Service, a ConfigMap...: nothing gpuadm admits
     pod_metadata = pod.get("metadata") or {}
     if not isinstance(pod_metadata, dict):
         raise CommandError(f"{path}: metadata is not a mapping")
     # The apiserver gives every object its metadata before any webhook sees it.
     pod["metadata"] = pod_metadata
-    return [(label, pod, namespace if isinstance(namespace, str) else None)]
+    return pod
 
 
 def _as_json(document: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -298,116 +320,12 @@ def _in_use(values: list[str], config: ConfigSnapshot) -> dict[str, Fraction]:
     return in_use
 
 
-async def simulate_admission(
-    pod: dict[str, Any],
-    namespace: str,
-    config: ConfigSnapshot,
-    *,
-    in_use: dict[str, Fraction] | None = None,
-) -> dict[str, Any]:
-    """Run the pod through /mutate then /validate, as the apiserver would."""
-    import jsonpatch
-
-    from policies import Denial, pod_charge
-    from policies.quantity import format_amount
-    from webhook.admission.decisions import Trusted, mutate_under, validate_under
-    from webhook.claims.lookup import NoClaims
-    from webhook.claims.templates import LABELS, NoTemplates
-    from webhook.quota.ledger import QuotaLedger
-    from webhook.quota.reservations import MemoryStore
-    from webhook.quota.usage import UsageIndex
-
-    # A fresh ledger: the namespace holds what --in-use says, as pods the usage index sees.
-    usage = UsageIndex()
-    for class_name, gpus in (in_use or {}).items():
-        # As pods would hold them: whole GPUs in one, a share of one in another.
-        for index, part in enumerate((Fraction(int(gpus)), gpus - int(gpus))):
-            if part:
-                holder = _holder(namespace, class_name, part, config.policy.domain, index)
-                try:
-                    pod_charge(holder, config.policy, namespace_default_class=None)
-                except Denial as denial:
-                    raise CommandError(
-                        f"--in-use {class_name}={format_amount(gpus)}: no pod can hold that: "
-                        f"{denial.message}"
-                    ) from None
-                usage.observe(holder, config.policy, config.quotas, now=0.0)
-    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False)
-    # A review is a dry run: nothing is made, and the templates are shown instead.
-    mutated = await mutate_under(
-        _request(pod, namespace), config, templates=NoTemplates(), quota=ledger
-    )
-    result: dict[str, Any] = {
-        "namespace": namespace,
-        "allowed": mutated.outcome != "denied",
-        "reason": mutated.reason,
-        "warnings": list(mutated.warnings),
-        "patch": mutated.patch,
-        "pod": pod,
-    }
-    if not result["allowed"]:
-        return result
-    stored = jsonpatch.apply_patch(pod, mutated.patch) if mutated.patch else pod
-    validated = await validate_under(
-        _request(stored, namespace), config, quota=ledger, claims=NoClaims(), trusted=Trusted()
-    )
-    templates = mutated.plan.claim_templates if mutated.plan else ()
-    result.update(
-        allowed=validated.outcome != "denied",
-        reason=validated.reason,
-        warnings=list(dict.fromkeys([*mutated.warnings, *validated.warnings])),
-        pod=stored,
-        demand=mutated.plan.demand if mutated.plan else None,
-        claimTemplates=[t.manifest(namespace, labels=LABELS) for t in templates],
-    )
-    return result
-
-
-def _holder(
-    namespace: str, class_name: str, gpus: Fraction, domain: str, index: int
-) -> dict[str, Any]:
-    """A running pod that holds `gpus` GPUs of a class, as the usage index would see it."""
-    from policies.quantity import format_amount
-
-    name = f"in-use-{class_name}-{index}"
-    return {
-        "metadata": {"name": name, "namespace": namespace, "uid": name},
-        "spec": {
-            "nodeName": "node",
-            "containers": [
-                {
-                    "name": "main",
-                    "resources": {"limits": {f"{domain}/{class_name}": format_amount(gpus)}},
-                }
-            ],
-        },
-        "status": {"phase": "Running"},
-    }
-
-
-def _request(pod: dict[str, Any], namespace: str) -> AdmissionRequest:
-    import uuid
-
-    from webhook.reviews.request import AdmissionRequest
-
-    return AdmissionRequest(
-        uid=str(uuid.uuid4()),
-        operation="CREATE",
-        namespace=namespace,
-        name="",  # the pod's own name, if any, is read from the object as the apiserver's is
-        object=pod,
-        old_object=None,
-        dry_run=True,
-        user="gpuadm-review",
-        groups=(),
-    )
-
-
 def _print(result: dict[str, Any]) -> None:
     verdict = "allowed" if result["allowed"] else "denied"
     print(f"verdict: {verdict} (namespace {result['namespace']})")
     if result.get("demand"):
-        print(f"demand: {result['demand']}")
+        print(f"demand: {result['demand']}" + (" each" if result["workload"]["pods"] != 1 else ""))
+    print(f"pods: {result['workload']['summary']}")
     if result["reason"]:
         print(f"reason: {result['reason']}")
     for warning in result["warnings"]:
@@ -424,6 +342,18 @@ def _print(result: dict[str, Any]) -> None:
             print(_indent(yaml.safe_dump(template, sort_keys=False)))
     else:
         print("patch: none (the pod is stored as written)")
+
+
+def _print_totals(totals: list[dict[str, Any]], not_judged: list[str], *, several: bool) -> None:
+    """Print what the pods add up to per namespace and class, and what becomes of each gang;
+    then the objects that make no pod."""
+    workload = [t for t in totals if t["pods"] != 1 or "gang" in t] if not several else totals
+    if workload:
+        print("totals:" if several else "workload:")
+        for total in workload:
+            print(f"  {total['summary']}")
+    if not_judged:
+        print(f"not judged (they make no pod): {', '.join(not_judged)}")
 
 
 def _indent(text: str) -> str:

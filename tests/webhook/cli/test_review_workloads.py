@@ -14,6 +14,7 @@ import yaml
 
 from tests.support import ROOT
 from webhook.cli import main
+from webhook.cli.exits import ExitCode
 
 POLICY = str(ROOT / "examples" / "policy.yaml")
 QUOTAS = str(ROOT / "examples" / "quotas.yaml")
@@ -31,31 +32,18 @@ def workload(kind: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": kind, "metadata": {"name": "w"}, "spec": spec}
 
 
-def review(tmp_path: Path, documents: list[dict[str, Any]], *args: str) -> tuple[int, Any]:
+def review(
+    tmp_path: Path, documents: list[dict[str, Any]], *args: str, quotas: str = QUOTAS
+) -> tuple[int, Any]:
     path = tmp_path / "manifest.yaml"
     path.write_text(yaml.safe_dump_all(documents))
+    command = [*GPUADM, "review", str(path), "--policy", POLICY, "--quotas", quotas, "-o", "json"]
     capture = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "review",
-            str(path),
-            "--policy",
-            POLICY,
-            "--quotas",
-            QUOTAS,
-            "-o",
-            "json",
-            *args,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+        [*command, *args], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False
     )
     assert "Traceback" not in capture.stderr, capture.stderr
+    # 0 runs, 1 refused, 3 waits: never 2, the command failing.
+    assert capture.returncode in (0, 1, 3), capture.stderr
     return capture.returncode, json.loads(capture.stdout)
 
 
@@ -77,10 +65,16 @@ def test_the_pod_template_of_a_workload_is_reviewed(
     assert stored["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
 
 
-def test_the_example_job_is_reviewed(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_example_job_is_reviewed_as_its_three_workers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     job = str(ROOT / "examples" / "pods" / "h100-job.yaml")
-    assert main(["review", job, "--policy", POLICY, "--quotas", QUOTAS]) == 0
-    assert "verdict: allowed (namespace team-c)" in capsys.readouterr().out
+    assert main(["review", job, "--policy", POLICY, "--quotas", QUOTAS]) == ExitCode.WAITS
+    out = capsys.readouterr().out
+    assert "verdict: allowed (namespace team-c)" in out
+    assert "pods: 2 of 3 pods run; 1 waits in line for room" in out
+    assert "namespace team-c, h100: 3 pods ask for 3 (in use 0 of 2): 2 run, 1 waits" in out
+    assert "namespace team-c, gang 'train' of 3 (Job): only 2 of the 3 pods it needs" in out
 
 
 def test_several_documents_and_lists_are_each_reviewed(tmp_path: Path) -> None:
@@ -198,3 +192,230 @@ def test_in_use_no_pod_could_hold_is_a_usage_error(capsys: pytest.CaptureFixture
     err = capsys.readouterr().err
     assert err.startswith("gpuadm: --in-use h100=1.5: no pod can hold that: ")
     assert "backend nvidia gives whole GPUs only" in err
+
+
+# Whole workloads: every pod a controller makes, judged in turn ----------------------------
+
+HALF_A100 = {"limits": {"gpuadm.io/a100": "0.5"}}
+
+
+def half_template() -> dict[str, Any]:
+    container = {"name": "main", "image": "x", "resources": HALF_A100}
+    return {"metadata": {"labels": {"app": "w"}}, "spec": {"containers": [container]}}
+
+
+def quotas_file(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "quotas.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def review_with(
+    tmp_path: Path, documents: list[dict[str, Any]], quotas: str, *args: str
+) -> tuple[int, Any]:
+    return review(tmp_path, documents, *args, quotas=quotas)
+
+
+def deployment(replicas: int, name: str = "w") -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "team-d"},
+        "spec": {"replicas": replicas, "template": half_template()},
+    }
+
+
+@pytest.mark.parametrize(
+    ("replicas", "code", "runs", "refused"),
+    [
+        pytest.param(3, 0, 3, 0, id="three-halves-fit-1.5"),
+        pytest.param(4, 1, 3, 1, id="the-fourth-is-refused"),
+        pytest.param(0, 0, 0, 0, id="scaled-to-0"),
+    ],
+)
+def test_a_deployment_is_judged_as_all_its_replicas(
+    tmp_path: Path, replicas: int, code: int, runs: int, refused: int
+) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 1.5\n")
+    exit_code, result = review_with(tmp_path, [deployment(replicas)], quotas)
+    assert exit_code == code
+    assert result["allowed"] is True  # the first pod alone fits
+    workload = result["workload"]
+    assert (workload["pods"], workload["runs"], workload["refused"]) == (replicas, runs, refused)
+    if refused:
+        assert workload["summary"] == "3 of 4 pods run; 1 would be refused"
+    (total,) = result["totals"]
+    assert total["asked"] == str(replicas * 0.5).removesuffix(".0")
+    assert (total["limit"], total["inUse"], total["runs"]) == ("1.5", "0", runs)
+
+
+def test_what_runs_already_leaves_less_room_for_the_replicas(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 1.5\n")
+    code, result = review_with(tmp_path, [deployment(3)], quotas, "--in-use", "a100=0.5")
+    assert code == 1
+    assert result["workload"]["summary"] == "2 of 3 pods run; 1 would be refused"
+    assert result["totals"][0]["summary"] == (
+        "namespace team-d, a100: 3 pods ask for 1.5 (in use 0.5 of 1.5): 2 run, 1 refused"
+    )
+
+
+def test_the_workloads_of_one_input_share_the_namespaces_room(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 1.5\n")
+    code, result = review_with(tmp_path, [deployment(2, "first"), deployment(2, "second")], quotas)
+    assert code == 1
+    first, second = result["items"]
+    assert (first["object"], first["workload"]["runs"]) == ("Deployment/first", 2)
+    assert (second["object"], second["workload"]["runs"], second["workload"]["refused"]) == (
+        "Deployment/second",
+        1,
+        1,
+    )
+    (total,) = result["totals"]
+    assert (total["pods"], total["asked"], total["runs"], total["refused"]) == (4, "2", 3, 1)
+
+
+def test_in_queue_mode_the_pods_without_room_wait_and_the_exit_says_so(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "mode: queue\nnamespaces:\n  team-d:\n    a100: 1\n")
+    code, result = review_with(tmp_path, [deployment(3)], quotas)
+    assert code == ExitCode.WAITS
+    workload = result["workload"]
+    assert (workload["runs"], workload["waiting"], workload["refused"]) == (2, 1, 0)
+    assert workload["summary"] == "2 of 3 pods run; 1 waits in line for room"
+
+
+def test_in_warn_mode_every_pod_runs_and_those_past_the_limit_are_counted(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "mode: warn\nnamespaces:\n  team-d:\n    a100: 1\n")
+    code, result = review_with(tmp_path, [deployment(3)], quotas)
+    assert code == 0
+    workload = result["workload"]
+    assert (workload["runs"], workload["overQuota"]) == (3, 1)
+    assert workload["summary"] == "all 3 pods run (1 past the limit: warn mode admits them)"
+
+
+def pytorch_job(master: int, workers: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "train", "namespace": "team-d"},
+        "spec": {
+            "pytorchReplicaSpecs": {
+                "Master": {"replicas": master, "template": half_template()},
+                "Worker": {"replicas": workers, "template": half_template()},
+            }
+        },
+    }
+
+
+def test_a_training_job_on_its_own_is_judged_as_a_gang(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 1.5\n")
+    code, result = review_with(tmp_path, [pytorch_job(1, 3)], quotas)
+    assert code == 1
+    master, worker = result["items"]
+    assert master["object"] == "PyTorchJob/train pytorchReplicaSpecs.Master"
+    assert (worker["workload"]["pods"], worker["workload"]["runs"]) == (3, 2)
+    gang = next(t for t in result["totals"] if "gang" in t)
+    assert gang["gang"] == {"form": "PyTorchJob", "name": "train", "size": 4}
+    assert gang["summary"].startswith(
+        "namespace team-d, gang 'train' of 4 (PyTorchJob): only 3 of the 4 pods it needs"
+    )
+
+
+def test_no_gpu_workload_in_a_multi_document_input_is_skipped(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 4\n")
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}}
+    notebook = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "Notebook",
+        "metadata": {"name": "nb", "namespace": "team-d"},
+        "spec": {"template": half_template()},
+    }
+    code, result = review_with(tmp_path, [service, pytorch_job(1, 1), notebook], quotas)
+    assert code == 0
+    judged = [item["object"] for item in result["items"]]
+    assert judged == [
+        "PyTorchJob/train pytorchReplicaSpecs.Master",
+        "PyTorchJob/train pytorchReplicaSpecs.Worker",
+        "Notebook/nb spec.template",
+    ]
+    assert result["notJudged"] == ["Service/s"]
+
+
+def test_a_podgroup_in_the_input_gives_its_pods_gang_its_size(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 4\n")
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "team-d"},
+        "spec": {"minMember": 3},
+    }
+    pod_template = half_template()
+    pod_template["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"] = "g"
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "team-d"},
+        "spec": {"parallelism": 3, "template": pod_template},
+    }
+    code, result = review_with(tmp_path, [group, job], quotas)
+    assert code == 0
+    assert result["workload"]["gang"] == {"form": "coscheduling", "name": "g", "size": 3}
+    gang = next(t for t in result["totals"] if "gang" in t)
+    assert gang["summary"] == (
+        "namespace team-d, gang 'g' of 3 (coscheduling): runs whole: 3 of its pods run, "
+        "of 3 it needs"
+    )
+    # Without its PodGroup, the gang's size is unknown, and said to be.
+    code, result = review_with(tmp_path, [job], quotas)
+    gang = next(t for t in result["totals"] if "gang" in t)
+    assert "its size is unknown: its PodGroup is not in the input" in gang["summary"]
+
+
+def test_a_large_workload_is_judged_whole_without_creating_each_pod(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 2\n")
+    code, result = review_with(tmp_path, [deployment(5000)], quotas)
+    assert code == 1
+    workload = result["workload"]
+    assert (workload["pods"], workload["runs"], workload["refused"]) == (5000, 4, 4996)
+
+
+def test_a_daemonset_is_judged_as_one_pod_per_node(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 2\n")
+    daemonset = {**deployment(1), "kind": "DaemonSet"}
+    code, result = review_with(tmp_path, [daemonset], quotas)
+    assert code == 0
+    assert result["workload"]["pods"] is None
+    assert result["workload"]["summary"] == "one pod per node, each judged as this one"
+
+
+def test_a_gang_that_cannot_be_read_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pod_template = half_template()
+    pod_template["metadata"]["annotations"] = {"gpuadm.io/gang": "g"}
+    job = {"kind": "Job", "metadata": {"name": "j"}, "spec": {"template": pod_template}}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job))
+    assert main(["review", str(path), "--policy", POLICY]) == 2
+    assert "gpuadm.io/gang='g' needs the annotation gpuadm.io/gang-size" in capsys.readouterr().err
+
+
+def test_each_group_of_a_leader_worker_set_is_a_gang_of_its_size(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    a100: 1.5\n")
+    lws = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": "serve", "namespace": "team-d"},
+        "spec": {
+            "replicas": 2,
+            "leaderWorkerTemplate": {"size": 2, "workerTemplate": half_template()},
+        },
+    }
+    code, result = review_with(tmp_path, [lws], quotas)
+    assert code == 1
+    leaders, workers = result["items"]
+    assert (leaders["workload"]["pods"], workers["workload"]["pods"]) == (2, 2)
+    gang = next(t for t in result["totals"] if "gang" in t)
+    assert gang["summary"] == (
+        "namespace team-d, gang 'serve' of 2 (LeaderWorkerSet): in groups of 2, each of which "
+        "needs all its pods: 3 of 4 run"
+    )
