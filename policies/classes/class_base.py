@@ -89,6 +89,24 @@ Bytes = Annotated[
     PlainSerializer(format_bytes),
     quantity_schema(minimum=0),
 ]
+# Far less than any GPU has (the smallest have GiBs), and more than a GPU's memory written
+# as a number without its unit, in GiB or MiB: `memory: 80` is 80 bytes, which charged half
+# a GPU's 40Gi as 536 million GPUs.
+SMALLEST_GPU_MEMORY = 2**20
+
+
+def _gpu_memory(memory: Fraction) -> Fraction:
+    """Refuse memory no GPU has: a number written without its unit."""
+    if memory < SMALLEST_GPU_MEMORY:
+        unit = "Gi" if memory < 1024 else "Mi"
+        raise ValueError(
+            f"{format_amount(memory)} bytes is less memory than any GPU has; give a unit "
+            f"(did you mean {format_amount(memory)}{unit}?)"
+        )
+    return memory
+
+
+GpuMemory = Annotated[Bytes, AfterValidator(_gpu_memory)]
 ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
 # A Kubernetes label value: the GPU Feature Discovery spelling of a model must be one.
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -187,7 +205,7 @@ class ClassBase(Model):
     # one of these (`stack_devices_env`).
     devices_config_maps: ClassVar[DevicesConfigMaps | None] = None
 
-    memory: Bytes | None = None
+    memory: GpuMemory | None = None
     models: list[GpuName] | None = None
     node_selector: dict[str, list[str]] = Field(default_factory=dict)
     scheduler_name: str | None = None

@@ -13,7 +13,9 @@ from pydantic import (
     ConfigDict,
     Field,
     PlainSerializer,
+    SerializerFunctionWrapHandler,
     WithJsonSchema,
+    model_serializer,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -156,6 +158,15 @@ class QuotaConfig(Model):
     @model_validator(mode="before")
     @classmethod
     def _default_keys(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and "defaultBudget" in data:
+            # The model's own name for `default.budget`, which the file never holds: taken
+            # as a key, it was accepted, then replaced by `default.budget`.
+            raise PydanticCustomError(
+                "budget",
+                "`defaultBudget` is not a key of a quota config; the budgets of namespaces "
+                "without an entry go under `default`, as `default: {budget: {a100: 500h/7d}}`",
+                {"at": ["defaultBudget"]},
+            )
         if not (isinstance(data, Mapping) and isinstance(data.get("default"), Mapping)):
             return data
         default = dict(data["default"])
@@ -179,6 +190,17 @@ class QuotaConfig(Model):
                     "budget", str(error), {"at": ["default", BUDGET_KEY, str(key)]}
                 ) from None
         return {**data, "default": default, "defaultBudget": budget}
+
+    @model_serializer(mode="wrap")
+    def _as_in_file(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Dump as the file holds it: the budgets of namespaces without an entry under
+        `default`, so that what is dumped reads back."""
+        data = handler(self)
+        if isinstance(data, dict):
+            budget = data.pop("defaultBudget", None) or data.pop("default_budget", None)
+            if budget:
+                data["default"] = {**data.get("default", {}), BUDGET_KEY: budget}
+        return data
 
     def terms(self, namespace: str) -> Terms:
         """Return what governs a namespace: its own entry, the rest from the file's."""
