@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from policies.classes.backends import BACKENDS, GpuClass
 from policies.classes.class_base import ClassBase, Model, NamespaceName
+from policies.classes.model_names import model_name_warnings, overlap_warnings
 from policies.classes.models import ClassModel
 from policies.pods.dra_templates import DEVICE_CLASS_RESOURCE_PREFIX, NVIDIA_DEVICE_CLASSES
 
@@ -333,12 +334,16 @@ def _check_gpu_types(classes: Mapping[str, ClassBase]) -> None:
 
 def policy_warnings(policy: Policy) -> list[str]:
     """Return what the admin should know of a valid policy: classes not held to a GPU model,
-    and classes whose shares could meet on one device with different configurations."""
+    models not named as the driver names them, classes nothing tells apart, and classes whose
+    shares could meet on one device with different configurations."""
     return [
         warning
         for name, gpu_class in policy.classes.items()
-        for warning in gpu_class.policy_warnings(name, policy.backend_annotations(name))
-    ] + _share_configuration_warnings(policy)
+        for warning in (
+            *gpu_class.policy_warnings(name, policy.backend_annotations(name)),
+            *model_name_warnings(name, gpu_class),
+        )
+    ] + [*overlap_warnings(policy.classes), *_share_configuration_warnings(policy)]
 
 
 def _share_configuration_warnings(policy: Policy) -> list[str]:

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     Warnings (a valid config that may not do what its author meant) do not fail the check.
     """
     from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
+    from policies.config_advice import quota_warnings
     from policies.loading import line_of
     from policies.policy import exemption_warnings, routing_warnings
 
@@ -134,12 +135,20 @@ def run(args: argparse.Namespace) -> ExitCode:
                 found.problems.append(
                     f"{part.source}:{line}: {'.'.join(path)}: {problem} ({policy_part.source})"
                 )
+            for path, warning in quota_warnings(quota, policy):
+                line = line_of(part.text, path, first_line=part.first_line) or part.first_line
+                found.warnings.append(f"{part.source}:{line}: {'.'.join(path)}: {warning}")
         for warning in [
             *policy_warnings(policy),
             *routing_warnings(policy),
             *exemption_warnings(policy),
         ]:
             found.warnings.append(f"{_at(policy_part, warning)}: {warning}")
+    if quotas and not policies:
+        found.notes.append(
+            "no policy given: the quotas' class names, and what each class is charged, were "
+            "not checked; give the policy too (--policy) to check them"
+        )
     valid = bool(found.parts) and not found.problems
     if args.output in ("json", "yaml"):
         result = {

@@ -293,6 +293,47 @@ def test_the_kind_comes_from_the_flag_whatever_the_name(
     assert "quota config" not in out
 
 
+def test_a_newcomers_config_is_valid_but_each_mistake_is_warned_of_at_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(
+        "classes:\n"
+        "  a100:\n    backend: hami\n    memory: 80Gi\n    models: [NVIDIA-A100-SXM4-80GB]\n"
+        "  h100:\n    backend: nvidia\n    models: [H100]\n"
+    )
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        "namespaces:\n  team-a:\n    h100: 2\n    a100: 500m\n    budget: {h100: 500h/1d}\n"
+    )
+    assert main(["check-config", "--policy", str(policy), "--quotas", str(quotas)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        f"warning: {policy}:2: class a100: model 'NVIDIA-A100-SXM4-80GB' is not a GPU name" in out
+    )
+    assert f"warning: {policy}:6: class h100: model 'H100' is not a GPU name" in out
+    assert (
+        f"warning: {quotas}:5: namespaces.team-a.budget.h100: 500h/1d can never be spent: a "
+        "limit of 2 GPUs holds at most 48h in 1d"
+    ) in out
+    # Half an A100 is a pod HAMi can hold: that limit is fine.
+    assert "namespaces.team-a.a100" not in out
+    assert out.rstrip().endswith("ok: 1 policy and 1 quota config(s) are valid")
+
+
+def test_quotas_checked_alone_say_their_class_names_went_unchecked(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text("namespaces:\n  team-a: {a10o: 1}\n")
+    assert main(["check-config", "--quotas", str(quotas)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: no policy given: the quotas' class names, and what each class is charged, "
+        "were not checked; give the policy too (--policy) to check them"
+    ) in out
+
+
 def test_cross_file_errors_point_at_the_quota_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
