@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from policies.classes.backends import BACKENDS, GpuClass
 from policies.classes.class_base import ClassBase, Model, NamespaceName
+from policies.classes.memory_checks import memory_warnings
 from policies.classes.model_names import model_name_warnings, overlap_warnings
 from policies.classes.models import ClassModel
 from policies.pods.dra_templates import DEVICE_CLASS_RESOURCE_PREFIX, NVIDIA_DEVICE_CLASSES
@@ -342,6 +343,7 @@ def policy_warnings(policy: Policy) -> list[str]:
         for warning in (
             *gpu_class.policy_warnings(name, policy.backend_annotations(name)),
             *model_name_warnings(name, gpu_class),
+            *memory_warnings(name, gpu_class),
         )
     ] + [*overlap_warnings(policy.classes), *_share_configuration_warnings(policy)]
 

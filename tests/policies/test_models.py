@@ -546,7 +546,11 @@ def test_a_volcano_class_on_nouse_alone_is_warned_about(policy: Policy) -> None:
         "class a10 (volcano): Volcano ignores nouse-gputype whenever use-gputype is set, and "
         "use-gputype would also match other GPU models, so the class's pods get nouse-gputype "
         "alone, naming every other GPU model gpuadm knows (the policy's and its "
-        "catalogue's): they may also land on a GPU model that gpuadm does not know"
+        "catalogue's): they may also land on a GPU model that gpuadm does not know",
+        # The test policy's A10 is the round 24Gi, not the 23028Mi the hardware reports.
+        "class a10: memory 24Gi is more than NVIDIA A10 has (23028Mi, as NVML reports it and "
+        "the stacks count it): shares are sized from it, so two halves (12Gi each) never "
+        "share one such GPU; write `memory: 23028Mi`",
     ]
 
 

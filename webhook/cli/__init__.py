@@ -1,5 +1,5 @@
-"""The `gpuadm` command: serve, review, check-config, certs, quota, usage, uninstall; one module
-per command."""
+"""The `gpuadm` command: serve, review, check-config, certs, models, quota, usage, uninstall;
+one module per command."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ import os
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certificates, check_config, quota, review, serve, uninstall, usage
+from webhook.cli import (
+    certificates,
+    check_config,
+    models,
+    quota,
+    review,
+    serve,
+    uninstall,
+    usage,
+)
 from webhook.cli.exits import CommandError, ExitCode, report
 
 
@@ -25,6 +34,7 @@ def build_parser(prog: str = "gpuadm") -> argparse.ArgumentParser:
     review.add_parser(sub)
     certificates.add_parser(sub)
     check_config.add_parser(sub)
+    models.add_parser(sub)
     quota.add_parser(sub)
     usage.add_parser(sub)
     uninstall.add_parser(sub)

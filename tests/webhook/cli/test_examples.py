@@ -27,7 +27,8 @@ STORED = {
     "volcano": {
         "volcano.sh/vgpu-number": "1",
         "volcano.sh/vgpu-cores": "50",
-        "volcano.sh/vgpu-memory": "12288",
+        # Half the 23028Mi an A10 reports, rounded down to Volcano's MiB.
+        "volcano.sh/vgpu-memory": "11514",
     },
     "qgpu": {"tke.cloud.tencent.com/qgpu-core": "50", "tke.cloud.tencent.com/qgpu-memory": "8"},
     "cgpu": {"aliyun.com/gpu-mem": "8", "aliyun.com/gpu-core.percentage": "50"},

@@ -1,0 +1,120 @@
+"""What the hardware reports of each model, and a class's memory and MIG profiles checked
+against it: memory above the real figure, profiles a model does not offer or that hold less
+than declared."""
+
+from __future__ import annotations
+
+import pytest
+
+from policies import load_policy, policy_warnings
+from policies.classes.catalogue import GPU_NAMES
+from policies.classes.hardware import HARDWARE, MigProfile
+
+
+def test_every_model_with_figures_is_a_name_of_the_catalogue() -> None:
+    assert set(HARDWARE) <= set(GPU_NAMES)
+
+
+def test_the_h200_is_as_measured_on_a_real_one() -> None:
+    # nvidia-smi --query-gpu=name,memory.total and nvidia-smi mig -lgip, driver 580.159.04.
+    h200 = HARDWARE["NVIDIA H200"]
+    assert h200.memory_mib == 143771
+    gib = {p.name: (p.memory_mib / 1024 if p.memory_mib else None, p.instances) for p in h200.mig}
+    assert gib == {
+        "1g.18gb": (16.00, 7),
+        "1g.18gb+me": (16.00, 1),
+        "1g.35gb": (32.50, 4),
+        "2g.35gb": (32.50, 3),
+        "3g.71gb": (69.75, 2),
+        "4g.71gb": (69.75, 1),
+        "7g.141gb": (140.00, 1),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(HARDWARE))
+def test_each_models_profiles_fit_its_memory(name: str) -> None:
+    hardware = HARDWARE[name]
+    profiles: tuple[MigProfile, ...] = hardware.mig
+    assert len({p.name for p in profiles}) == len(profiles)
+    for profile in profiles:
+        assert 1 <= profile.instances <= 7
+        if profile.memory_mib is not None and hardware.memory_mib is not None:
+            assert profile.memory_mib * profile.instances <= hardware.memory_mib
+
+
+def memory_warnings(classes: str) -> list[str]:
+    policy = load_policy(f"classes:\n{classes}")
+    said = ("as NVML reports it", "MIG profile", "offers no MIG profile")
+    return [w for w in policy_warnings(policy) if any(s in w for s in said)]
+
+
+@pytest.mark.parametrize(
+    ("classes", "expected"),
+    [
+        pytest.param(
+            "  h200: {backend: hami, memory: 141Gi, models: [NVIDIA H200]}\n",
+            [
+                "class h200: memory 141Gi is more than NVIDIA H200 has (143771Mi, as NVML "
+                "reports it and the stacks count it): shares are sized from it, so two halves "
+                "(72192Mi each) never share one such GPU; write `memory: 143771Mi`"
+            ],
+            id="the-marketing-figure",
+        ),
+        pytest.param(
+            "  h200: {backend: hami, memory: 143771Mi, models: [NVIDIA H200]}\n", [], id="real"
+        ),
+        pytest.param(
+            "  h200: {backend: hami, memory: 143772Mi, models: [NVIDIA H200]}\n",
+            ["class h200: memory 143772Mi is more than NVIDIA H200 has (143771Mi"],
+            id="one-mib-over",
+        ),
+        pytest.param(
+            "  a100: {backend: hami, memory: 80Gi, "
+            "models: [NVIDIA A100-SXM4-80GB, NVIDIA A100-SXM4-40GB]}\n",
+            ["class a100: memory 80Gi is more than NVIDIA A100-SXM4-40GB has (40960Mi"],
+            id="the-smallest-model-counts",
+        ),
+        pytest.param(
+            "  h100: {backend: hami, memory: 80Gi, models: [NVIDIA H100 PCIe]}\n",
+            [],
+            id="no-figure-no-word",
+        ),
+        pytest.param(
+            "  h200: {backend: hami, memory: 141Gi, shareable: false, models: [NVIDIA H200]}\n",
+            [],
+            id="whole-gpus-only",
+        ),
+        pytest.param(
+            "  h200:\n    backend: mig\n    memory: 141Gi\n    models: [NVIDIA H200]\n"
+            "    profiles: {1g.18gb: 18Gi, 1g.35gb: 32Gi, 1g.10gb: 10Gi}\n",
+            [
+                "class h200: MIG profile 1g.18gb holds 16Gi on NVIDIA H200 (as nvidia-smi mig "
+                "-lgip reports it), less than the 18Gi declared: an ask between the two is "
+                "given a slice too small for it; declare what the slice holds",
+                "class h200: NVIDIA H200 offers no MIG profile 1g.10gb (its profiles: 1g.18gb, "
+                "1g.18gb+me, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb): no node of that "
+                "model has such a slice",
+            ],
+            id="mig-profiles",
+        ),
+        pytest.param(
+            "  h200:\n    backend: mig\n    memory: 141Gi\n    models: [NVIDIA H200]\n"
+            "    profiles: {1g.18gb: 16Gi}\n",
+            [],
+            id="a-profile-as-it-holds",
+        ),
+        pytest.param(
+            "  nvl:\n    backend: mig\n    memory: 141Gi\n    models: [NVIDIA H200 NVL]\n"
+            "    profiles: {1g.18gb: 18Gi}\n",
+            [],
+            id="a-profile-of-no-seen-memory",
+        ),
+    ],
+)
+def test_memory_above_what_the_hardware_reports_is_warned_of(
+    classes: str, expected: list[str]
+) -> None:
+    warnings = memory_warnings(classes)
+    assert len(warnings) == len(expected)
+    for warning, start in zip(warnings, expected, strict=True):
+        assert warning.startswith(start)
