@@ -19,7 +19,9 @@ from pydantic import (
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
+    ModelWrapValidatorHandler,
     PlainSerializer,
+    PrivateAttr,
     WithJsonSchema,
     model_validator,
 )
@@ -28,6 +30,7 @@ from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 
 from policies.classes.asks import Ask, Grant, MemoryShare, Share, Whole
+from policies.classes.hardware import HARDWARE
 from policies.classes.models import GFD_PRODUCT_LABEL, ClassModel, gfd_product, hami_device_type
 from policies.errors import Denial
 from policies.pods.dra_templates import ClaimTemplate, Held
@@ -107,6 +110,23 @@ def _gpu_memory(memory: Fraction) -> Fraction:
 
 
 GpuMemory = Annotated[Bytes, AfterValidator(_gpu_memory)]
+
+
+def _least_memory(models: object) -> tuple[str, int] | None:
+    """Return (model, MiB) of the model with the least memory among `models`, if each is a
+    name whose memory gpuadm knows (`hardware.HARDWARE`); else None."""
+    if not isinstance(models, list) or not models:
+        return None
+    found = []
+    for model in models:
+        known = HARDWARE.get(model) if isinstance(model, str) else None
+        if known is None or known.memory_mib is None:
+            return None
+        found.append((known.memory_mib, model))
+    mib, model = min(found)
+    return model, mib
+
+
 ResourceName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[-A-Za-z0-9_.]+$")]
 # A Kubernetes label value: the GPU Feature Discovery spelling of a model must be one.
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
@@ -211,13 +231,36 @@ class ClassBase(Model):
     scheduler_name: str | None = None
     tolerations: list[Toleration] = Field(default_factory=list)
     shareable: bool = True
+    # The model whose hardware gave `memory`, when the policy gives none (`memory_source`).
+    _memory_of: str | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _memory_of_models(cls, data: Any, handler: ModelWrapValidatorHandler[ClassBase]) -> Any:
+        """Without `memory`, a class whose stack sizes shares by memory takes the least its
+        models' hardware reports, when gpuadm knows it for each of them."""
+        found = None
+        if cls.uses_memory and isinstance(data, Mapping) and data.get("memory") is None:
+            found = _least_memory(data.get("models"))
+        made = handler({**data, "memory": f"{found[1]}Mi"} if found else data)
+        if found is not None and isinstance(made, ClassBase):
+            made._memory_of = found[0]
+        return made
+
+    @property
+    def memory_source(self) -> str | None:
+        """Return the model whose hardware gave the class its memory, or None when the
+        policy gives it."""
+        return self._memory_of
 
     @model_validator(mode="after")
     def _memory_when_needed(self) -> ClassBase:
         if self.uses_memory and self.shareable and self.memory is None:
             raise ValueError(
                 f"backend {self.backend_name()} needs `memory` (the memory of one GPU, e.g. "
-                "16Gi) to size shares; set it, or set `shareable: false`"
+                "16Gi) to size shares; set it, or set `shareable: false` (it may be left out "
+                "only when gpuadm knows the memory of each of the class's models, as "
+                "`gpuadm models` lists them)"
             )
         for key, values in self.node_selector.items():
             if not values:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from policies import load_policy, policy_warnings
+from policies import ConfigError, load_policy, plan, policy_warnings
+from policies.classes.backends.device_plugins import MigClass
 from policies.classes.catalogue import GPU_NAMES
 from policies.classes.hardware import HARDWARE, MigProfile
 
@@ -118,3 +119,100 @@ def test_memory_above_what_the_hardware_reports_is_warned_of(
     assert len(warnings) == len(expected)
     for warning, start in zip(warnings, expected, strict=True):
         assert warning.startswith(start)
+
+
+# --- memory and profiles taken from the hardware ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("models", "memory", "source"),
+    [
+        pytest.param("[NVIDIA H200]", 143771, "NVIDIA H200", id="h200"),
+        pytest.param(
+            "[NVIDIA A100-SXM4-80GB, NVIDIA A100-SXM4-40GB]",
+            40960,
+            "NVIDIA A100-SXM4-40GB",
+            id="the-least-of-its-models",
+        ),
+    ],
+)
+def test_memory_left_out_is_what_the_models_hardware_reports(
+    models: str, memory: int, source: str
+) -> None:
+    policy = load_policy(f"classes:\n  a: {{backend: hami, models: {models}}}\n")
+    gpu_class = policy.classes["a"]
+    assert gpu_class.memory == memory * 2**20
+    assert gpu_class.memory_source == source
+
+
+def test_memory_given_is_the_policys_own() -> None:
+    policy = load_policy("classes:\n  a: {backend: hami, memory: 80Gi, models: [NVIDIA H200]}\n")
+    assert policy.classes["a"].memory == 80 * 2**30
+    assert policy.classes["a"].memory_source is None
+
+
+@pytest.mark.parametrize(
+    "models", ["[NVIDIA H100 PCIe]", "[NVIDIA H200, NVIDIA H100 PCIe]", "[Acme Z9000]"]
+)
+def test_memory_is_needed_where_a_models_memory_is_not_known(models: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_policy(f"classes:\n  a: {{backend: hami, models: {models}}}\n")
+    (said,) = error.value.problems
+    assert "backend hami needs `memory`" in said
+    assert "it may be left out only when gpuadm knows the memory of each" in said
+
+
+def test_a_class_that_needs_no_memory_is_given_none() -> None:
+    policy = load_policy("classes:\n  a: {backend: nvidia, models: [NVIDIA H200]}\n")
+    assert policy.classes["a"].memory is None
+
+
+def test_mig_profiles_by_name_hold_what_the_slices_hold() -> None:
+    policy = load_policy(
+        "classes:\n  h200:\n    backend: mig\n    models: [NVIDIA H200]\n"
+        "    profiles: [1g.18gb, 1g.35gb, 3g.71gb]\n"
+    )
+    mig = policy.classes["h200"]
+    assert isinstance(mig, MigClass)
+    profiles = mig.profiles
+    assert {name: memory / 2**30 for name, memory in profiles.items()} == {
+        "1g.18gb": 16,
+        "1g.35gb": 32.5,
+        "3g.71gb": 69.75,
+    }
+    # 17Gi does not fit the slice called 1g.18gb, which holds 16Gi: the next one holds it.
+    body = {
+        "containers": [{"name": "m", "resources": {"limits": {"gpuadm.io/h200-memory": "17Gi"}}}]
+    }
+    (change,) = [
+        p for p in plan({"metadata": {}, "spec": body}, policy).patch if "resources" in p["path"]
+    ]
+    assert change["value"]["limits"] == {"nvidia.com/mig-1g.35gb": "1"}
+
+
+@pytest.mark.parametrize(
+    ("classes", "problem"),
+    [
+        pytest.param(
+            "    backend: mig\n    memory: 80Gi\n    profiles: [1g.10gb]\n",
+            "profiles given by name take their memory from the class's `models`",
+            id="no-models",
+        ),
+        pytest.param(
+            "    backend: mig\n    models: [NVIDIA H200 NVL]\n    profiles: [1g.18gb]\n",
+            "gpuadm does not know what profile 1g.18gb holds on NVIDIA H200 NVL",
+            id="memory-not-seen",
+        ),
+        pytest.param(
+            "    backend: mig\n    models: [NVIDIA H200]\n    profiles: [1g.10gb]\n",
+            "gpuadm does not know what profile 1g.10gb holds on NVIDIA H200",
+            id="not-offered",
+        ),
+    ],
+)
+def test_mig_profiles_by_name_need_what_the_hardware_is_known_to_hold(
+    classes: str, problem: str
+) -> None:
+    with pytest.raises(ConfigError) as error:
+        load_policy(f"classes:\n  m:\n{classes}")
+    assert problem in "; ".join(error.value.problems)

@@ -14,11 +14,13 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, model_validator
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, GetJsonSchemaHandler, model_validator
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, PydanticCustomError
 
 from policies.classes.asks import Ask, Grant, MemoryShare, Whole
 from policies.classes.class_base import Bytes, ClassBase, GpuName, Model, ResourceName
+from policies.classes.hardware import HARDWARE
 from policies.classes.models import (
     GFD_PRODUCT_LABEL,
     STACK_NAMES,
@@ -403,13 +405,60 @@ ProfileName = Annotated[str, AfterValidator(_profile_name)]
 ProfileMemory = Annotated[Bytes, AfterValidator(_profile_memory)]
 
 
+class _NamesOrMapping:
+    """In the JSON schema: MIG profiles as a list of names, beside the mapping of name to
+    memory, as the before-validator of `MigClass` takes the file."""
+
+    def __get_pydantic_json_schema__(
+        self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
+    ) -> JsonSchemaValue:
+        names = {"type": "array", "items": {"type": "string", "maxLength": 64}, "minItems": 1}
+        return {"anyOf": [names, handler(core_schema)]}
+
+
+def _profiles_of_models(profiles: list[object], models: object) -> dict[str, str]:
+    """Return the memory of each profile named in `profiles` as the hardware of `models`
+    reports it, the least of them (`hardware.HARDWARE`); raise ValueError naming what gpuadm
+    does not know."""
+    if not isinstance(models, list) or not models:
+        raise ValueError(
+            "profiles given by name take their memory from the class's `models`: list them, "
+            "or give each profile its memory, as {1g.10gb: 10Gi}"
+        )
+    found: dict[str, str] = {}
+    for profile in profiles:
+        least = None
+        for model in models:
+            known = HARDWARE.get(str(model))
+            offered = known.profile(str(profile)) if known else None
+            if offered is None or offered.memory_mib is None:
+                raise ValueError(
+                    f"gpuadm does not know what profile {profile} holds on {model} "
+                    f"(`gpuadm models` lists what it knows): give each profile its memory, as "
+                    f"{{{profile}: ...Gi}}"
+                )
+            least = offered.memory_mib if least is None else min(least, offered.memory_mib)
+        found[str(profile)] = f"{least}Mi"
+    return found
+
+
 class MigClass(ClassBase):
     """MIG, mixed strategy: fixed profiles, each its own extended resource."""
 
     backend: Literal["mig"] = "mig"
     resource_prefix: str = "nvidia.com/mig-"
-    profiles: dict[ProfileName, ProfileMemory]
+    profiles: Annotated[dict[ProfileName, ProfileMemory], _NamesOrMapping()]
     whole_profile: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profiles_by_name(cls, data: object) -> object:
+        """Profiles listed by name hold what the hardware of the class's models reports, so
+        that an ask gets the smallest slice that really holds it (17Gi on an H200:
+        1g.35gb, since its 1g.18gb holds 16Gi)."""
+        if isinstance(data, Mapping) and isinstance(data.get("profiles"), list):
+            return {**data, "profiles": _profiles_of_models(data["profiles"], data.get("models"))}
+        return data
 
     @model_validator(mode="after")
     def _profiles_valid(self) -> MigClass:
