@@ -15,11 +15,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
+from webhook.cli import flags
 from webhook.cli.exits import CommandError, ExitCode
+
+if TYPE_CHECKING:
+    from policies.cluster_fit import ClusterFit, GpuNode
 
 M = TypeVar("M")
 
@@ -57,6 +61,15 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     check.add_argument("files", nargs="*", help="files to check; - for stdin")
     check.add_argument("--policy", action="append", default=[], help="a policy file")
     check.add_argument("--quotas", action="append", default=[], help="a quotas file")
+    check.add_argument(
+        "--from-cluster",
+        action="store_true",
+        help="check against the cluster: its GPU nodes (GPU Feature Discovery's labels, HAMi's "
+        "registrations, the MIG profiles they advertise), and, when no file is given, "
+        "gpuadm's own ConfigMaps",
+    )
+    flags.add_kubeconfig(check)
+    flags.add_gpuadm_namespace(check, has_tenant=True)
     check.add_argument(
         "-o",
         "--output",
@@ -104,20 +117,23 @@ def run(args: argparse.Namespace) -> ExitCode:
     Warnings (a valid config that may not do what its author meant) do not fail the check.
     """
     from policies import ConfigError, Policy, QuotaConfig, load_policy, load_quotas, policy_warnings
+    from policies.cluster_fit import cluster_fit
     from policies.config_advice import quota_warnings
     from policies.loading import line_of
     from policies.policy import exemption_warnings, routing_warnings
+    from policies.quantity import format_memory
 
     given: list[tuple[str, Kind | None]] = [
         *((name, "policy") for name in args.policy),
         *((name, "quotas") for name in args.quotas),
         *((name, None) for name in args.files),
     ]
-    if not given:
-        raise CommandError("give the files to check (or - for stdin)")
+    if not given and not args.from_cluster:
+        raise CommandError("give the files to check (or - for stdin), or --from-cluster")
     found = Findings([], [], [], [])
     for name, kind in given:
         _read(name, _text_of(name), kind, found)
+    nodes = _from_cluster(args, found, read_config=not given) if args.from_cluster else None
     policies: list[tuple[Part, Policy]] = []
     quotas: list[tuple[Part, QuotaConfig]] = []
     for part in found.parts:
@@ -138,6 +154,13 @@ def run(args: argparse.Namespace) -> ExitCode:
             for path, warning in quota_warnings(quota, policy):
                 line = line_of(part.text, path, first_line=part.first_line) or part.first_line
                 found.warnings.append(f"{part.source}:{line}: {'.'.join(path)}: {warning}")
+        for name, gpu_class in policy.classes.items():
+            if gpu_class.memory_source is not None and gpu_class.memory is not None:
+                chosen = (
+                    f"class {name}: no `memory` given: it is {format_memory(gpu_class.memory)}, "
+                    f"what {gpu_class.memory_source} reports (the least of the class's models)"
+                )
+                found.notes.append(f"{_at(policy_part, chosen)}: {chosen}")
         for warning in [
             *policy_warnings(policy),
             *routing_warnings(policy),
@@ -149,6 +172,11 @@ def run(args: argparse.Namespace) -> ExitCode:
             "no policy given: the quotas' class names, and what each class is charged, were "
             "not checked; give the policy too (--policy) to check them"
         )
+    fits = []
+    for policy_part, policy in policies if nodes is not None else ():
+        fit = cluster_fit(policy, nodes or [])
+        fits.append(fit)
+        found.warnings += [f"{policy_part.source}: nodes: {finding}" for finding in fit.findings]
     valid = bool(found.parts) and not found.problems
     if args.output in ("json", "yaml"):
         result = {
@@ -159,11 +187,18 @@ def run(args: argparse.Namespace) -> ExitCode:
             "warnings": found.warnings,
             "notes": found.notes,
         }
+        if nodes is not None:
+            result["cluster"] = [
+                {"nodes": len(nodes), "byClass": fit.by_class, "byModel": fit.by_model}
+                for fit in fits
+            ]
         if args.output == "json":
             print(json.dumps(result, indent=2))
         else:
             print(yaml.safe_dump(result, sort_keys=False).rstrip())
         return ExitCode.OK if valid else ExitCode.REFUSED
+    for fit in fits:
+        _print_fit(fit)
     for note in found.notes:
         print(f"note: {note}")
     for problem in found.problems:
@@ -177,6 +212,69 @@ def run(args: argparse.Namespace) -> ExitCode:
         return ExitCode.REFUSED
     print(f"ok: {len(policies)} policy and {len(quotas)} quota config(s) are valid")
     return ExitCode.OK
+
+
+def _from_cluster(args: argparse.Namespace, found: Findings, *, read_config: bool) -> list[GpuNode]:
+    """Read the cluster's GPU nodes, page by page, keeping of each what its stacks say of its
+    GPUs; with `read_config`, add gpuadm's ConfigMaps to the configs to check."""
+    from policies.cluster_fit import gpu_node
+    from webhook.cli.cluster import call, cluster_api
+    from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
+    from webhook.kube.errors import KubeError
+
+    namespace = args.gpuadm_namespace
+    wanted: tuple[tuple[str, Kind, str], ...] = (
+        (POLICY_MAP, "policy", POLICY_KEY),
+        (QUOTAS_MAP, "quotas", QUOTAS_KEY),
+    )
+
+    async def read() -> tuple[dict[str, Any], list[GpuNode]]:
+        maps = {}
+        if read_config:
+            maps = {name: await api.get_configmap(namespace, name) for name, _, _ in wanted}
+        nodes = []
+        async for page in api.list_pages("/api/v1/nodes"):
+            nodes += [node for node in map(gpu_node, page.items) if node is not None]
+        return maps, nodes
+
+    try:
+        api = cluster_api(args)
+        maps, nodes = call(api, read())
+    except KubeError as error:
+        raise CommandError(str(error)) from None
+    for name, kind, key in wanted if read_config else ():
+        data = (maps.get(name) or {}).get("data") or {}
+        source = f"configmap {namespace}/{name}"
+        if key in data:
+            found.parts.append(Part(kind, source, str(data[key]), 1))
+        else:
+            found.problems.append(
+                f"{source}: no key {key}" if maps.get(name) else f"{source}: not found"
+            )
+    return nodes
+
+
+def _print_fit(fit: ClusterFit) -> None:
+    """Print which nodes each class reaches, and each GPU model's nodes, as tables."""
+    from webhook.cli.columns import column_widths, line
+
+    rows: list[tuple[str, ...]] = [("CLASS", "NODES")]
+    rows += [(name, str(len(nodes))) for name, nodes in fit.by_class.items()]
+    widths = column_widths(rows, 2)
+    for row in rows:
+        print(line(row, widths))
+    print()
+    models: list[tuple[str, ...]] = [
+        ("GPU MODEL (nvidia.com/gpu.product)", "NODES", "GPUS", "MEMORY", "CLASSES")
+    ]
+    for model, entry in sorted(fit.by_model.items()):
+        memory = f"{entry['memoryMiB']}Mi" if entry["memoryMiB"] else "-"
+        classes = ",".join(entry["classes"]) or "-"
+        models.append((model, str(len(entry["nodes"])), str(entry["gpus"]), memory, classes))
+    widths = column_widths(models, 5)
+    for row in models:
+        print(line(row, widths))
+    print()
 
 
 def part_of(name: str, kind: Kind) -> Part:

@@ -454,3 +454,52 @@ def test_a_governed_gpu_stack_namespace_is_warned_of_at_the_exemptions_line(
         f"warning: {policy}:1: exemptNamespaces: class h100 (nvidia) needs NVIDIA's device "
         "plugin, and no namespace it installs into by default is exempt" in out
     )
+
+
+def test_from_the_cluster_its_configmaps_are_checked_against_its_nodes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.webhook.cli.apiserver import fake_apiserver
+    from tests.webhook.cli.test_failures import _config_maps
+
+    h100 = {
+        "metadata": {
+            "name": "gpu-0",
+            "labels": {
+                "nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3",
+                "nvidia.com/gpu.count": "8",
+            },
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}},
+    }
+    cpu = {"metadata": {"name": "cpu-0", "labels": {"kubernetes.io/os": "linux"}}, "status": {}}
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        apiserver.objects["/api/v1/nodes"] = {
+            "kind": "NodeList",
+            "metadata": {},
+            "items": [h100, cpu],
+        }
+        kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+        assert main(["check-config", "--from-cluster", "--kubeconfig", str(kubeconfig)]) == 0
+    out = capsys.readouterr().out
+    # The examples' config, read from its ConfigMaps; the one GPU node holds H100s.
+    assert "ok: 1 policy and 1 quota config(s) are valid" in out
+    assert "NVIDIA-H100-80GB-HBM3                1       8      -        h100" in out
+    assert (
+        "warning: configmap gpuadm-system/gpuadm-policy: nodes: class a100: no node has its GPUs"
+    ) in out
+
+
+def test_from_a_cluster_without_gpuadms_configmaps_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.webhook.cli.apiserver import fake_apiserver
+
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/nodes"] = {"kind": "NodeList", "metadata": {}, "items": []}
+        kubeconfig = apiserver.kubeconfig(tmp_path / "kubeconfig")
+        assert main(["check-config", "--from-cluster", "--kubeconfig", str(kubeconfig)]) == 1
+    out = capsys.readouterr().out
+    assert "configmap gpuadm-system/gpuadm-policy: not found" in out
+    assert "configmap gpuadm-system/gpuadm-quotas: not found" in out
