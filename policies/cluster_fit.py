@@ -32,6 +32,8 @@ SHARED_SUFFIX = "-SHARED"
 # about 3 KiB).
 MAX_REGISTRATION = 256 * 1024
 MiB = 2**20
+# The resources of one node read at most (a node has a few dozen).
+MAX_RESOURCES = 256
 # The nodes a finding names at most; the rest are counted.
 MOST_NAMED = 3
 
@@ -48,6 +50,14 @@ class GpuNode:
     memory_mib: int | None
     gpus: int
     mig_profiles: frozenset[str] = field(default_factory=frozenset)
+    # The extended resources it advertises (a `/` in the name, a count above 0): a stack
+    # that labels nothing (gpu-manager, gpushare, qGPU...) is known by them.
+    resources: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def labelled(self) -> bool:
+        """Tell whether a GPU stack labels or registers the node's GPUs."""
+        return self.product is not None or self.memory_mib is not None or bool(self.mig_profiles)
 
     @property
     def model(self) -> str:
@@ -73,7 +83,12 @@ def gpu_node(node: Mapping[str, Any]) -> GpuNode | None:
         for name, count in allocatable.items()
         if name.startswith(MIG_RESOURCE) and str(count) not in ("0", "")
     )
-    if product is None and not registered and not profiles:
+    resources = frozenset(
+        name
+        for name, count in list(allocatable.items())[:MAX_RESOURCES]
+        if "/" in name and str(count) not in ("0", "")
+    )
+    if product is None and not registered and not resources:
         return None
     gpus = _whole(labels.get(COUNT_LABEL)) or len(registered)
     return GpuNode(
@@ -83,12 +98,13 @@ def gpu_node(node: Mapping[str, Any]) -> GpuNode | None:
         min(memories) if memories else None,
         gpus,
         profiles,
+        resources,
     )
 
 
 def _whole(value: object) -> int | None:
     text = str(value).strip() if value is not None else ""
-    return int(text) if text.isdigit() and len(text) <= 12 else None
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 12 else None
 
 
 def _hami_devices(value: object) -> list[Mapping[str, Any]]:
@@ -106,14 +122,21 @@ def _hami_devices(value: object) -> list[Mapping[str, Any]]:
 
 
 def reaches(gpu_class: ClassBase, node: GpuNode) -> bool:
-    """Tell whether a class's pods may land on a node: its models (by GFD's product label)
-    and its nodeSelector both allow it."""
+    """Tell whether a class's pods may land on a node: its models (by GFD's product label,
+    which gpuadm writes node affinity on) and its nodeSelector allow it, and, where the
+    class asks for extended resources, the node advertises one of them."""
     for key, values in gpu_class.node_selector.items():
         if node.labels.get(key) not in values:
             return False
-    if gpu_class.models is None:
-        return True
-    return node.product in {gfd_product(model) for model in gpu_class.models}
+    products = {gfd_product(model) for model in gpu_class.models or ()}
+    if gpu_class.models is not None and node.product not in products:
+        return False
+    wanted = gpu_class.resource_names()
+    return (
+        not wanted
+        or not node.resources.isdisjoint(wanted)
+        or any(gpu_class.owns(resource) for resource in node.resources)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +150,17 @@ class ClusterFit:
 
 
 def cluster_fit(policy: Policy, nodes: Iterable[GpuNode]) -> ClusterFit:
-    """Check a policy's classes against the GPU nodes."""
-    nodes = sorted(nodes, key=lambda n: n.name)
+    """Check a policy's classes against the GPU nodes: those a GPU stack labels or
+    registers, and those that advertise a resource of one of the policy's classes."""
+    classes = policy.classes.values()
+    nodes = sorted(
+        (
+            node
+            for node in nodes
+            if node.labelled or any(c.owns(r) for c in classes for r in node.resources)
+        ),
+        key=lambda n: n.name,
+    )
     by_class: dict[str, list[str]] = {}
     findings: list[str] = []
     reached: set[str] = set()
@@ -173,7 +205,8 @@ def _class_findings(name: str, gpu_class: ClassBase, mine: list[GpuNode]) -> lis
     if shares and gpu_class.memory is not None and sized:
         least = min(sized, key=lambda node: node.memory_mib or 0)
         assert least.memory_mib is not None
-        if gpu_class.memory > least.memory_mib * MiB:
+        # Two halves, each rounded down to a MiB as the stacks round a share, do not fit.
+        if 2 * int(gpu_class.memory / 2 / MiB) > least.memory_mib:
             findings.append(
                 f"class {name}: memory {format_memory(gpu_class.memory)} is more than its "
                 f"nodes report ({format_memory(Fraction(least.memory_mib * MiB))} per GPU on "

@@ -100,11 +100,16 @@ def _type_step(model: Any, part: str) -> Any:
     return None
 
 
+# Fields a model fills from another key of the file, which the file never holds itself.
+_NOT_IN_FILE = {"defaultBudget"}
+
+
 def _keys_of(model: Any) -> list[str]:
     """Return the keys a model's mapping may hold, as the file spells them."""
     model = _unwrap(model)
     if isinstance(model, type) and issubclass(model, BaseModel):
-        return [info.alias or name for name, info in model.model_fields.items()]
+        keys = [info.alias or name for name, info in model.model_fields.items()]
+        return [key for key in keys if key not in _NOT_IN_FILE]
     return []
 
 

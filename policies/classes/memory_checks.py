@@ -25,7 +25,8 @@ def memory_warnings(class_name: str, gpu_class: ClassBase) -> list[str]:
     shares = gpu_class.uses_memory and gpu_class.shareable and not isinstance(gpu_class, MigClass)
     if shares and gpu_class.memory is not None and sized:
         model, mib = min(sized, key=lambda found: found[1])
-        if gpu_class.memory > mib * MiB:
+        # Two halves, each rounded down to a MiB as the stacks round a share, do not fit.
+        if 2 * int(gpu_class.memory / 2 / MiB) > mib:
             warnings.append(_above_real(class_name, gpu_class.memory, model, mib))
     if isinstance(gpu_class, MigClass):
         for model, hardware in known:

@@ -70,6 +70,10 @@ def overlap_warnings(classes: Mapping[str, ClassBase]) -> list[str]:
                 continue
             if one.node_selector != other.node_selector:
                 continue
+            # Classes on resources of their own (MIG profiles, renamed time-slicing) never
+            # take each other's GPUs, whatever their nodes.
+            if one.resource_names().isdisjoint(other.resource_names()):
+                continue
             models = _overlap(one.models, other.models)
             if models is None:
                 continue

@@ -158,14 +158,14 @@ class QuotaConfig(Model):
     @model_validator(mode="before")
     @classmethod
     def _default_keys(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and "defaultBudget" in data:
+        if isinstance(data, Mapping) and ({"defaultBudget", "default_budget"} & set(data)):
             # The model's own name for `default.budget`, which the file never holds: taken
             # as a key, it was accepted, then replaced by `default.budget`.
             raise PydanticCustomError(
                 "budget",
-                "`defaultBudget` is not a key of a quota config; the budgets of namespaces "
-                "without an entry go under `default`, as `default: {budget: {a100: 500h/7d}}`",
-                {"at": ["defaultBudget"]},
+                "the budgets of namespaces without an entry go under `default`, as "
+                "`default: {budget: {a100: 500h/7d}}`: this key is not one of a quota config",
+                {"at": [next(k for k in ("defaultBudget", "default_budget") if k in data)]},
             )
         if not (isinstance(data, Mapping) and isinstance(data.get("default"), Mapping)):
             return data

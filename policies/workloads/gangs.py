@@ -71,8 +71,8 @@ def pod_group_key(document: Mapping[str, Any]) -> tuple[str, str] | None:
 def min_member(document: Mapping[str, Any]) -> int:
     """Return a PodGroup's `spec.minMember` (every form calls it so). Absent, or 0 (Volcano
     and KAI allow it: no gang), it is 1."""
-    spec = document.get("spec") or {}
-    value = spec.get("minMember")
+    spec = document.get("spec")
+    value = spec.get("minMember") if isinstance(spec, Mapping) else None
     what = f"PodGroup {_name(document)}: spec.minMember"
     return 1 if value in (None, 0) else _size(value, what)
 
@@ -115,7 +115,8 @@ def named_group(
 
 def _size(value: object, what: str) -> int:
     text = str(value).strip()
-    if isinstance(value, bool) or not text.isdigit() or not 1 <= int(text) <= MAX_GANG_SIZE:
+    whole = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_GANG_SIZE))
+    if isinstance(value, bool) or not whole or not 1 <= int(text) <= MAX_GANG_SIZE:
         raise GangError(
             f"{what} is {value!r}: a gang's size is a whole number from 1 to {MAX_GANG_SIZE}"
         )

@@ -34,6 +34,31 @@ from policies.workloads.gangs import Gang, GangError, named_group
 MAX_DEPTH = 12
 # Each workload kind whose pods the platform's controllers make from `spec.template`.
 REPLICATED = ("Deployment", "ReplicaSet", "StatefulSet", "ReplicationController")
+# The API groups of the kinds read by form ("" too: a manifest that names no group, or the
+# core one); a kind of the same name in another group (Volcano's `batch.volcano.sh` Job) is
+# read by its shape.
+GROUPS = {
+    "Pod": ("",),
+    "PodTemplate": ("",),
+    "ReplicationController": ("",),
+    "Deployment": ("apps", "extensions"),
+    "ReplicaSet": ("apps", "extensions"),
+    "StatefulSet": ("apps",),
+    "DaemonSet": ("apps", "extensions"),
+    "Job": ("batch",),
+    "CronJob": ("batch",),
+    "JobSet": ("jobset.x-k8s.io",),
+    "PyTorchJob": ("kubeflow.org",),
+    "TFJob": ("kubeflow.org",),
+    "MPIJob": ("kubeflow.org",),
+    "XGBoostJob": ("kubeflow.org",),
+    "PaddleJob": ("kubeflow.org",),
+    "JAXJob": ("kubeflow.org",),
+    "LeaderWorkerSet": ("leaderworkerset.x-k8s.io",),
+    "RayCluster": ("ray.io",),
+    "RayJob": ("ray.io",),
+    "RayService": ("ray.io",),
+}
 TRAINING_JOBS = {
     "PyTorchJob": "pytorchReplicaSpecs",
     "TFJob": "tfReplicaSpecs",
@@ -71,9 +96,12 @@ def pod_sets(
     `GangError` for a count or gang size that cannot be read.
     """
     kind = str(document.get("kind") or "Pod")
-    metadata = document.get("metadata") or {}
+    metadata = _mapping(document.get("metadata"))
     name = str(metadata.get("name") or metadata.get("generateName") or "")
     spec = _mapping(document.get("spec"))
+    group = str(document.get("apiVersion") or "").rpartition("/")[0]
+    if kind in GROUPS and group not in (*GROUPS[kind], ""):
+        kind = f"{group}/{kind}"  # a kind of that name of another API: found by its shape
     found: list[PodSet]
     if kind == "Pod":
         found = [PodSet(kind, name, "", document, 1)]
@@ -102,7 +130,9 @@ def pod_sets(
         found = _leader_worker_set(name, spec)
     elif kind in ("RayCluster", "RayJob", "RayService"):
         cluster = {"RayCluster": spec, "RayJob": spec.get("rayClusterSpec")}
-        found = _ray_cluster(kind, name, _mapping(cluster.get(kind, spec.get("rayClusterConfig"))))
+        held = cluster.get(kind, spec.get("rayClusterConfig"))
+        # A RayJob may run on a cluster that exists (`clusterSelector`): it makes no pods.
+        found = _ray_cluster(kind, name, held) if isinstance(held, Mapping) else []
     else:
         found = [
             PodSet(kind, name, where, template, count)
@@ -211,25 +241,32 @@ def _ray_cluster(kind: str, name: str, spec: Mapping[str, Any]) -> list[PodSet]:
 
 
 def _by_shape(
-    value: object, where: str, depth: int
+    value: object, where: str, depth: int, seen: set[int] | None = None
 ) -> Iterator[tuple[str, Mapping[str, Any], int]]:
     """Yield (where, template, count) of every pod template inside an object of a kind no
-    form knows: a `template` whose `spec` has `containers`."""
-    if depth > MAX_DEPTH:
+    form knows: a `template` whose `spec` has `containers`. Each object is visited once,
+    however many YAML aliases name it, so that a few lines of aliases cannot make the walk
+    endless."""
+    seen = set() if seen is None else seen
+    if depth > MAX_DEPTH or id(value) in seen:
         return
+    if isinstance(value, (Mapping, list)):
+        seen.add(id(value))
     if isinstance(value, Mapping):
         template = _mapping(value.get("template"))
         found = isinstance(_mapping(template.get("spec")).get("containers"), list)
         if found:
-            replicas = value.get("replicas")
-            count = replicas if type(replicas) is int and replicas >= 0 else 1
-            yield (f"{where}.template" if where else "template"), template, count
+            place = f"{where}.template" if where else "template"
+            count = (
+                1 if value.get("replicas") is None else _count(value, "replicas", place, least=0)
+            )
+            yield place, template, count
         for key, item in value.items():
             if key not in ("metadata", "status") and not (found and key == "template"):
-                yield from _by_shape(item, f"{where}.{key}" if where else str(key), depth + 1)
+                yield from _by_shape(item, f"{where}.{key}" if where else str(key), depth + 1, seen)
     elif isinstance(value, list):
         for index, item in enumerate(value):
-            yield from _by_shape(item, f"{where}[{index}]", depth + 1)
+            yield from _by_shape(item, f"{where}[{index}]", depth + 1, seen)
 
 
 def _count(spec: Mapping[str, Any], field: str, what: str, *, least: int = 1) -> int:

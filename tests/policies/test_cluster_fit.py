@@ -32,7 +32,13 @@ def node(
 ) -> dict[str, Any]:
     return {
         "metadata": {"name": name, "labels": labels or {}, "annotations": annotations or {}},
-        "status": {"allocatable": {"cpu": "8", **(allocatable or {})}},
+        # What NVIDIA's device plugin (and HAMi's, beside it) advertise, unless given.
+        "status": {
+            "allocatable": {
+                "cpu": "8",
+                **({"nvidia.com/gpu": "8"} if allocatable is None else allocatable),
+            }
+        },
     }
 
 
@@ -76,7 +82,7 @@ def test_a_node_is_read_as_its_stacks_describe_it() -> None:
     ],
 )
 def test_a_node_no_stack_describes_is_no_gpu_node(annotations: dict[str, str]) -> None:
-    assert gpu_node(node("cpu", {"kubernetes.io/os": "linux"}, annotations)) is None
+    assert gpu_node(node("cpu", {"kubernetes.io/os": "linux"}, annotations, {})) is None
 
 
 def nodes(*found: dict[str, Any]) -> list[GpuNode]:
@@ -91,7 +97,11 @@ def test_each_class_reaches_the_nodes_of_its_models_and_selector() -> None:
             node(
                 "m1",
                 gfd("NVIDIA-A100-SXM4-80GB", 81920, mig=True),
-                allocatable={"nvidia.com/mig-1g.10gb": "14", "nvidia.com/mig-3g.40gb": "2"},
+                allocatable={
+                    "nvidia.com/gpu": "8",
+                    "nvidia.com/mig-1g.10gb": "14",
+                    "nvidia.com/mig-3g.40gb": "2",
+                },
             ),
             node("h1", gfd("NVIDIA-H200", 143771)),
             node("t1", gfd("Tesla-T4", 15360)),
@@ -123,7 +133,7 @@ def test_what_no_node_has_and_what_no_class_reaches_are_said() -> None:
             node(
                 "m1",
                 gfd("NVIDIA-A100-SXM4-80GB", 81920, mig=True),
-                allocatable={"nvidia.com/mig-1g.10gb": "7"},
+                allocatable={"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "7"},
             ),
             *(node(f"l{i}", gfd("NVIDIA-L4", 23034)) for i in range(5)),
         ),
@@ -155,4 +165,21 @@ def test_memory_as_its_nodes_report_it_exactly_is_fine() -> None:
         "classes:\n  h200: {backend: hami, memory: 143771Mi, models: [NVIDIA H200]}\n"
     )
     fit = cluster_fit(policy, nodes(node("h1", gfd("NVIDIA-H200", 143771), hami(143771))))
+    assert fit.findings == []
+
+
+def test_a_node_its_stack_does_not_label_is_known_by_the_resources_it_advertises() -> None:
+    policy = load_policy(
+        "classes:\n  t4:\n    backend: gpu-manager\n    memory: 16Gi\n"
+        "    nodeSelector: {gaia.tencent.com/gpu-model: [Tesla-T4]}\n"
+    )
+    tencent = node(
+        "t1",
+        {"gaia.tencent.com/gpu-model": "Tesla-T4"},
+        allocatable={"tencent.com/vcuda-core": "400", "tencent.com/vcuda-memory": "64"},
+    )
+    rdma = node("r1", allocatable={"rdma/hca": "1"})
+    fit = cluster_fit(policy, nodes(tencent, rdma))
+    assert fit.by_class == {"t4": ["t1"]}
+    # A node of another device plugin's resources is no GPU node: nothing is said of it.
     assert fit.findings == []

@@ -224,12 +224,21 @@ def test_a_budget_its_limits_never_let_be_spent_is_warned_of(
     assert advice(quotas) == expected
 
 
-def test_default_budget_is_not_a_key_of_the_file() -> None:
+@pytest.mark.parametrize("key", ["defaultBudget", "default_budget"])
+def test_default_budget_is_not_a_key_of_the_file(key: str) -> None:
     with pytest.raises(ConfigError) as error:
-        load_quotas("defaultBudget: {h100: 10h/1d}\n")
+        load_quotas(f"{key}: {{h100: 10h/1d}}\n")
     (said,) = error.value.problems
     assert said == (
-        "quotas.yaml:1: defaultBudget: `defaultBudget` is not a key of a quota config; the "
-        "budgets of namespaces without an entry go under `default`, as "
-        "`default: {budget: {a100: 500h/7d}}`"
+        f"quotas.yaml:1: {key}: the budgets of namespaces without an entry go under "
+        "`default`, as `default: {budget: {a100: 500h/7d}}`: this key is not one of a quota "
+        "config"
     )
+
+
+def test_a_misspelt_key_is_never_offered_the_one_the_file_cannot_hold() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_quotas("defaultBuget: {h100: 10h/1d}\n")
+    (said,) = error.value.problems
+    assert "defaultBudget" not in said
+    assert "`defaultBuget` is not a key of a quota config" in said

@@ -37,9 +37,10 @@ from webhook.reviews.request import AdmissionRequest
 if TYPE_CHECKING:
     from policies import Plan
 
-# Copies of one pod template created one by one at most; the rest of a larger workload meet
-# what the last of them met (one more identical pod finds no more room than it did).
-MAX_JUDGED_COPIES = 1000
+# Pods created in one review at most, over the whole input: about 20 s. A pod set stops
+# being created at its first pod that waits or is refused, each later one meeting the same;
+# pods of sets that still run when the budget is spent are not judged, and said to be.
+MAX_CREATED = 5000
 
 Fate = Literal["runs", "waits", "refused"]
 
@@ -62,6 +63,7 @@ class _Tally:
     waits: int = 0
     refused: int = 0
     over_quota: int = 0  # admitted past the limit (warn mode)
+    unjudged: int = 0  # not created: the review's budget of pods was spent
     gpus: dict[Fate | Literal["asked"], Fraction] = field(default_factory=dict)
 
     def add(self, fate: Fate, count: int, charge: Fraction, *, over: bool = False) -> None:
@@ -78,27 +80,34 @@ async def review_all(
     """Judge every pod set of the input in order on one ledger, each namespace holding what
     `held` says; return a result per pod set and the totals per namespace and class, then
     per gang."""
-    usage = UsageIndex()
-    for namespace, holding in held.items():
-        _hold(usage, namespace, holding, config)
-    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=False)
+    usage, ledger = _ledger(config, held)
     results = []
     classes: dict[tuple[str, str], _Tally] = {}
     gangs: dict[tuple[str, Gang], _Tally] = {}
+    left = MAX_CREATED
     for index, judged in enumerate(found):
         namespace = str(judged.namespace)
-        result, plan = await _shown(judged.pod, namespace, config, ledger)
-        tally = _Tally()
         copies = 1 if judged.pod_set.count is None else judged.pod_set.count
-        fate: Fate = "runs"
-        over = False
-        for number in range(min(copies, MAX_JUDGED_COPIES)):
-            fate, over = await _created(judged.pod, namespace, config, ledger, usage, index, number)
-            tally.add(fate, 1, plan.charge if plan else Fraction(0), over=over)
-        if copies > MAX_JUDGED_COPIES:
-            tally.add(
-                fate, copies - MAX_JUDGED_COPIES, plan.charge if plan else Fraction(0), over=over
+        # A template of no pods is shown as it stands, not after what the input's other
+        # workloads took: none of its pods meets that room.
+        shown_on = ledger if copies else _ledger(config, held)[1]
+        result, plan = await _shown(judged.pod, namespace, config, shown_on)
+        charge = plan.charge if plan else Fraction(0)
+        tally = _Tally()
+        created = 0
+        while created < copies and left:
+            fate, over = await _created(
+                judged.pod, namespace, config, ledger, usage, index, created
             )
+            tally.add(fate, 1, charge, over=over)
+            created += 1
+            left -= 1
+            if fate != "runs":
+                # Each later pod of the set meets no more room than this one did: it is
+                # refused, or waits behind it, alike.
+                tally.add(fate, copies - created, charge)
+                created = copies
+        tally.unjudged = copies - created
         if plan is not None and plan.class_name is not None:
             _merge(classes.setdefault((namespace, plan.class_name), _Tally()), tally)
         gang = judged.pod_set.gang
@@ -201,6 +210,8 @@ def _workload(pod_set: PodSet, tally: _Tally) -> dict[str, Any]:
     per_node = pod_set.count is None
     if per_node:
         summary = "one pod per node, each judged as this one"
+    elif tally.pods == 0 and tally.unjudged:
+        summary = "none judged"
     elif tally.pods == 0:
         summary = "no pods: nothing to judge but the template"
     elif tally.runs == tally.pods:
@@ -214,9 +225,15 @@ def _workload(pod_set: PodSet, tally: _Tally) -> dict[str, Any]:
         summary = f"{tally.runs} of {tally.pods} pods run; " + " and ".join(parts)
     if tally.over_quota:
         summary += f" ({tally.over_quota} past the limit: warn mode admits them)"
+    if tally.unjudged:
+        more = " more" if tally.pods else ""
+        summary += (
+            f"; {tally.unjudged}{more} not judged: a review creates {MAX_CREATED} pods at most"
+        )
     gang = pod_set.gang
     return {
-        "pods": None if per_node else tally.pods,
+        "pods": None if per_node else tally.pods + tally.unjudged,
+        "notJudged": tally.unjudged,
         "runs": tally.runs,
         "waiting": tally.waits,
         "refused": tally.refused,
@@ -241,6 +258,7 @@ def _class_total(
     words = [f"{tally.runs} run"] if tally.runs else []
     words += [f"{tally.waits} wait{'s' if tally.waits == 1 else ''}"] if tally.waits else []
     words += [f"{tally.refused} refused"] if tally.refused else []
+    words += [f"{tally.unjudged} more not judged"] if tally.unjudged else []
     in_use = held.get(class_name, Fraction(0))
     room = (
         "no limit" if limit is None else f"in use {format_amount(in_use)} of {format_amount(limit)}"
@@ -270,7 +288,7 @@ def _gang_total(namespace: str, gang: Gang, tally: _Tally) -> dict[str, Any]:
         said = (
             f"its size is unknown: its PodGroup is not in the input ({tally.pods} of its pods are)"
         )
-    elif tally.pods > size:
+    elif gang.source == "LeaderWorkerSet" and tally.pods > size:
         # Several groups of one name (a LeaderWorkerSet's): each needs all of its own.
         said = (
             f"in groups of {size}, each of which needs all its pods: "
@@ -296,8 +314,19 @@ def _gang_total(namespace: str, gang: Gang, tally: _Tally) -> dict[str, Any]:
     }
 
 
+def _ledger(
+    config: ConfigSnapshot, held: Mapping[str, Mapping[str, Fraction]]
+) -> tuple[UsageIndex, QuotaLedger]:
+    """Return a fresh ledger on which each namespace holds what `held` says."""
+    usage = UsageIndex()
+    for namespace, holding in held.items():
+        _hold(usage, namespace, holding, config)
+    return usage, QuotaLedger(usage, MemoryStore(), pods_visible=False)
+
+
 def _merge(total: _Tally, tally: _Tally) -> None:
     total.pods += tally.pods
+    total.unjudged += tally.unjudged
     total.runs += tally.runs
     total.waits += tally.waits
     total.refused += tally.refused

@@ -54,6 +54,11 @@ for _tag, _construct in (
     ManifestLoader.add_constructor(_tag, _number_unless_base_60(_construct))
 
 
+# Objects of one input at most, Lists' items counted, and the pod templates among them.
+MAX_OBJECTS = 10_000
+MAX_POD_SETS = 1000
+
+
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add `gpuadm review` to the command line."""
     review = sub.add_parser(
@@ -107,7 +112,7 @@ def run(args: argparse.Namespace) -> ExitCode:
     for a workload, how many of its pods would run, wait or be refused; then the totals."""
     import asyncio
 
-    from webhook.cli.admission_run import review_all
+    from webhook.cli.admission_run import MAX_CREATED, review_all
     from webhook.cli.config_files import load_documents
 
     if args.from_cluster == (args.policy is not None):
@@ -123,7 +128,8 @@ def run(args: argparse.Namespace) -> ExitCode:
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise CommandError(f"cannot read pod {args.pod}: {reason}") from None
-    found, not_judged = _pods_in([o for d in documents for o in _objects(d, args.pod)], args.pod)
+    objects = _objects(documents, args.pod)
+    found, not_judged = _pods_in(objects, args.pod, args.namespace or "default")
     if not found:
         raise CommandError(f"{args.pod} is not a Pod manifest, and holds no pod template")
     for judged in found:
@@ -158,41 +164,70 @@ def run(args: argparse.Namespace) -> ExitCode:
                 print(f"--- {result['object']}")
             _print(result)
         _print_totals(totals, not_judged, several=several)
+    unjudged = sum(result["workload"]["notJudged"] for result in results)
+    if unjudged:
+        raise CommandError(
+            f"{unjudged} pods of the input were not judged: a review creates "
+            f"{MAX_CREATED} pods at most; review the workloads in parts"
+        )
     # A template refused as it stands is refused too, even of a workload scaled to 0.
     if any(not result["allowed"] or result["workload"]["refused"] for result in results):
         return ExitCode.REFUSED
     return ExitCode.WAITS if any(r["workload"]["waiting"] for r in results) else ExitCode.OK
 
 
-def _objects(document: Any, path: Path) -> list[dict[str, Any]]:
-    """Return the objects of a document: itself, or each item of a List."""
-    if not isinstance(document, dict):
-        raise CommandError(f"{path} is not a Pod manifest")
-    kind = document.get("kind", "Pod")
-    if isinstance(document.get("items"), list) and str(kind).endswith("List"):
-        return [found for item in document["items"] for found in _objects(item, path)]
-    if not isinstance(document.get("metadata") or {}, dict):
-        raise CommandError(f"{path}: metadata is not a mapping")
-    return [document]
+def _objects(documents: list[Any], path: Path) -> list[dict[str, Any]]:
+    """Return the objects of the documents: each one, or each item of a List, at most
+    `MAX_OBJECTS` (YAML aliases can make a few lines stand for millions)."""
+    found: list[dict[str, Any]] = []
+    pending = list(reversed(documents))
+    while pending:
+        document = pending.pop()
+        if not isinstance(document, dict):
+            raise CommandError(f"{path} is not a Pod manifest")
+        kind = document.get("kind", "Pod")
+        if isinstance(document.get("items"), list) and str(kind).endswith("List"):
+            pending += reversed(document["items"])
+        elif not isinstance(document.get("metadata") or {}, dict):
+            raise CommandError(f"{path}: metadata is not a mapping")
+        else:
+            found.append(document)
+        if len(found) + len(pending) > MAX_OBJECTS:
+            raise CommandError(f"{path} holds more than {MAX_OBJECTS} objects: review it in parts")
+    return found
 
 
-def _pods_in(objects: list[dict[str, Any]], path: Path) -> tuple[list[PodsToJudge], list[str]]:
+def _pods_in(
+    objects: list[dict[str, Any]], path: Path, default_namespace: str
+) -> tuple[list[PodsToJudge], list[str]]:
     """Return the pod sets of every object, each with its pod; and the objects that make no
     pod (a Service, a ConfigMap), by kind and name. The PodGroups among the objects give
-    their groups' sizes."""
+    their groups' sizes, each to the pods of its own namespace."""
     from policies.workloads import GangError, min_member, pod_group_key, pod_sets
     from webhook.cli.admission_run import PodsToJudge
 
+    def namespace_of(document: dict[str, Any]) -> str:
+        namespace = (document.get("metadata") or {}).get("namespace")
+        return namespace if isinstance(namespace, str) and namespace else default_namespace
+
     try:
-        groups = {key: min_member(o) for o in objects if (key := pod_group_key(o)) is not None}
-        found, not_judged = [], []
+        groups: dict[str, dict[tuple[str, str], int]] = {}
+        for document in objects:
+            if (key := pod_group_key(document)) is not None:
+                groups.setdefault(namespace_of(document), {})[key] = min_member(document)
+        found: list[PodsToJudge] = []
+        not_judged: list[str] = []
         for document in objects:
             metadata = document.get("metadata") or {}
             namespace = metadata.get("namespace")
-            sets = pod_sets(document, groups)
+            sets = pod_sets(document, groups.get(namespace_of(document), {}))
             if not sets and pod_group_key(document) is None:
                 name = metadata.get("name") or metadata.get("generateName") or ""
                 not_judged.append(f"{document.get('kind', 'Pod')}/{name}")
+            if len(found) + len(sets) > MAX_POD_SETS:
+                raise CommandError(
+                    f"{path} holds more than {MAX_POD_SETS} pod templates: review it in parts"
+                )
             for pod_set in sets:
                 pod = _pod_of(pod_set, path)
                 found.append(

@@ -419,3 +419,211 @@ def test_each_group_of_a_leader_worker_set_is_a_gang_of_its_size(tmp_path: Path)
         "namespace team-d, gang 'serve' of 2 (LeaderWorkerSet): in groups of 2, each of which "
         "needs all its pods: 3 of 4 run"
     )
+
+
+# Bounds and odd input ------------------------------------------------------------------------
+
+
+def h100_deployment(replicas: int, name: str = "w") -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": "team-d"},
+        "spec": {"replicas": replicas, "template": TEMPLATE},
+    }
+
+
+def test_pods_are_created_until_room_runs_out_however_many_the_workload_has(
+    tmp_path: Path,
+) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d:\n    h100: 1200\n")
+    code, result = review_with(tmp_path, [h100_deployment(2000)], quotas)
+    assert code == 1
+    workload = result["workload"]
+    assert (workload["runs"], workload["refused"], workload["notJudged"]) == (1200, 800, 0)
+
+
+def test_pods_beyond_the_reviews_budget_are_not_judged_and_the_review_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from webhook.cli import admission_run
+
+    monkeypatch.setattr(admission_run, "MAX_CREATED", 10)
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d: {}\n")
+    path = tmp_path / "d.yaml"
+    path.write_text(yaml.safe_dump(h100_deployment(25)))
+    assert main(["review", str(path), "--policy", POLICY, "--quotas", quotas]) == 2
+    captured = capsys.readouterr()
+    assert "pods: all 10 pods run; 15 more not judged: a review creates 10 pods at most" in (
+        captured.out
+    )
+    assert captured.err == (
+        "gpuadm: 15 pods of the input were not judged: a review creates 10 pods at most; "
+        "review the workloads in parts\n"
+    )
+
+
+def test_aliases_that_nest_cannot_make_a_review_endless(tmp_path: Path) -> None:
+    levels = ["a0: &a0 {template: {spec: {containers: [{name: m, image: x}]}}}"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 8)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text("kind: Weird\nmetadata: {name: w}\nspec:\n  " + "\n  ".join(levels) + "\n")
+    capture = subprocess.run(
+        [*GPUADM, "review", str(path), "--policy", POLICY, "-o", "json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert capture.returncode == 0, capture.stderr
+    assert json.loads(capture.stdout)["workload"]["pods"] == 1
+
+
+def test_lists_of_aliased_lists_are_refused_past_the_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    levels = ["l0: &l0 {kind: List, items: [{kind: Service, metadata: {name: s}}]}"]
+    levels += [
+        f"l{i}: &l{i} {{kind: List, items: [{', '.join([f'*l{i - 1}'] * 10)}]}}"
+        for i in range(1, 6)
+    ]
+    path = tmp_path / "lists.yaml"
+    path.write_text("holder:\n  " + "\n  ".join(levels) + "\nkind: List\nitems: [*l5]\n")
+    assert main(["review", str(path), "--policy", POLICY]) == 2
+    assert f"{path} holds more than 10000 objects: review it in parts" in capsys.readouterr().err
+
+
+def test_a_kind_of_another_api_group_is_found_by_its_shape(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d: {h100: 4}\n")
+    volcano_job = {
+        "apiVersion": "batch.volcano.sh/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "vj", "namespace": "team-d"},
+        "spec": {
+            "minAvailable": 3,
+            "tasks": [{"name": "worker", "replicas": 3, "template": TEMPLATE}],
+        },
+    }
+    code, result = review_with(tmp_path, [volcano_job], quotas)
+    assert code == 0
+    assert "object" not in result  # one pod set: shown alone
+    assert result["workload"]["pods"] == 3
+    assert result["workload"]["summary"] == "all 3 pods run"
+
+
+def test_a_rayjob_on_a_cluster_that_exists_makes_no_pods(tmp_path: Path) -> None:
+    ray_job = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": "rj"},
+        "spec": {"clusterSelector": {"ray.io/cluster": "shared"}},
+    }
+    code, result = review(tmp_path, [ray_job, h100_deployment(1)])
+    assert code == 0
+    assert result["notJudged"] == ["RayJob/rj"]
+
+
+def test_a_podgroup_sizes_the_gang_of_its_own_namespace_only(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d: {h100: 8}\n")
+
+    def group(namespace: str, size: int) -> dict[str, Any]:
+        return {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": {"name": "g", "namespace": namespace},
+            "spec": {"minMember": size},
+        }
+
+    pods = {**TEMPLATE, "metadata": {"annotations": {"scheduling.k8s.io/group-name": "g"}}}
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "team-d"},
+        "spec": {"parallelism": 2, "template": pods},
+    }
+    code, result = review_with(tmp_path, [group("team-d", 2), group("other", 8), job], quotas)
+    assert code == 0
+    assert result["workload"]["gang"] == {"form": "volcano", "name": "g", "size": 2}
+
+
+def test_a_gang_not_in_groups_is_said_to_miss_its_size(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d: {h100: 1}\n")
+    pods = {
+        **TEMPLATE,
+        "metadata": {"annotations": {"gpuadm.io/gang": "g", "gpuadm.io/gang-size": "2"}},
+    }
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "j", "namespace": "team-d"},
+        "spec": {"parallelism": 4, "template": pods},
+    }
+    code, result = review_with(tmp_path, [job], quotas)
+    assert code == 1
+    gang = next(t for t in result["totals"] if "gang" in t)
+    assert gang["summary"].startswith(
+        "namespace team-d, gang 'g' of 2 (gpuadm): only 1 of the 2 pods it needs would run"
+    )
+
+
+def test_a_workload_scaled_to_0_is_shown_as_it_stands(tmp_path: Path) -> None:
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-d: {h100: 1}\n")
+    code, result = review_with(tmp_path, [h100_deployment(1, "a"), h100_deployment(0, "b")], quotas)
+    assert code == 0
+    scaled = result["items"][1]
+    assert (scaled["allowed"], scaled["workload"]["pods"]) == (True, 0)
+
+
+@pytest.mark.parametrize(
+    ("documents", "error"),
+    [
+        pytest.param(
+            [
+                {
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": "p",
+                        "annotations": {"gpuadm.io/gang": "g", "gpuadm.io/gang-size": "²"},
+                    },
+                    "spec": POD_SPEC,
+                }
+            ],
+            "gpuadm.io/gang-size is '²': a gang's size is a whole number from 1 to 10000",
+            id="a-size-of-another-script",
+        ),
+        pytest.param(
+            [
+                {
+                    "kind": "Pod",
+                    "metadata": {
+                        "name": "p",
+                        "annotations": {"gpuadm.io/gang": "g", "gpuadm.io/gang-size": "9" * 5000},
+                    },
+                    "spec": POD_SPEC,
+                }
+            ],
+            "a gang's size is a whole number from 1 to 10000",
+            id="a-size-of-5000-digits",
+        ),
+    ],
+)
+def test_gang_sizes_that_are_no_number_are_usage_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], documents: list[dict[str, Any]], error: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump_all(documents))
+    assert main(["review", str(path), "--policy", POLICY]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_a_podgroup_whose_spec_is_no_mapping_is_a_group_of_one(tmp_path: Path) -> None:
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g"},
+        "spec": [1],
+    }
+    code, result = review(tmp_path, [group, h100_deployment(1)])
+    assert code == 0
+    assert result["workload"]["pods"] == 1
