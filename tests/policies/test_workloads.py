@@ -399,3 +399,14 @@ def test_a_podgroup_gives_its_groups_size(
 def test_a_podgroup_of_another_api_is_not_a_group() -> None:
     assert pod_group_key(obj("PodGroup", {"minMember": 2}, "example.com/v1", "g")) is None
     assert pod_group_key(obj("Deployment", {}, "apps/v1", "g")) is None
+
+
+def test_a_template_named_by_many_aliases_is_walked_once() -> None:
+    # What YAML aliases make: one object named 8^8 times through nested lists.
+    shared: object = {"template": template()}
+    for _ in range(8):
+        shared = [shared] * 8
+    found = pod_sets(obj("Weird", {"nested": shared}, "example.com/v1"), {})
+    assert [(s.where, s.count) for s in found] == [
+        ("spec.nested[0][0][0][0][0][0][0][0].template", 1)
+    ]

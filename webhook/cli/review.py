@@ -57,6 +57,10 @@ for _tag, _construct in (
 # Objects of one input at most, Lists' items counted, and the pod templates among them.
 MAX_OBJECTS = 10_000
 MAX_POD_SETS = 1000
+# Values (scalars, mappings, lists) an input stands for, aliases written out, and how deep
+# they nest: far beyond any manifest, far below what takes seconds to write out.
+MAX_VALUES = 2_000_000
+MAX_DEPTH = 100
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -128,6 +132,9 @@ def run(args: argparse.Namespace) -> ExitCode:
     except (OSError, yaml.YAMLError, UnicodeDecodeError) as error:
         reason = error.strerror if isinstance(error, OSError) and error.strerror else error
         raise CommandError(f"cannot read pod {args.pod}: {reason}") from None
+    except RecursionError:
+        raise CommandError(f"cannot read pod {args.pod}: it is nested too deep") from None
+    _refuse_expansion(documents, args.pod)
     objects = _objects(documents, args.pod)
     found, not_judged = _pods_in(objects, args.pod, args.namespace or "default")
     if not found:
@@ -174,6 +181,31 @@ def run(args: argparse.Namespace) -> ExitCode:
     if any(not result["allowed"] or result["workload"]["refused"] for result in results):
         return ExitCode.REFUSED
     return ExitCode.WAITS if any(r["workload"]["waiting"] for r in results) else ExitCode.OK
+
+
+def _refuse_expansion(documents: list[Any], path: Path) -> None:
+    """Refuse documents whose YAML aliases make them stand for more than `MAX_VALUES`
+    values: each is written out as JSON, aliases and all, as kubectl would send it. Each
+    object is counted once, however many aliases name it."""
+    sizes: dict[int, int] = {}
+
+    def size(value: Any, depth: int) -> int:
+        if not isinstance(value, (dict, list)):
+            return 1
+        if id(value) in sizes:
+            return sizes[id(value)]
+        if depth > MAX_DEPTH:
+            raise CommandError(f"{path} is nested more than {MAX_DEPTH} levels deep")
+        items = value.values() if isinstance(value, dict) else value
+        total = 1 + sum(size(item, depth + 1) for item in items)
+        sizes[id(value)] = total
+        return total
+
+    if sum(size(document, 0) for document in documents) > MAX_VALUES:
+        raise CommandError(
+            f"{path} stands for more than {MAX_VALUES} values once its YAML aliases are "
+            "written out: review it in parts"
+        )
 
 
 def _objects(documents: list[Any], path: Path) -> list[dict[str, Any]]:

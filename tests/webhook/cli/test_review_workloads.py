@@ -476,8 +476,9 @@ def test_aliases_that_nest_cannot_make_a_review_endless(tmp_path: Path) -> None:
         timeout=60,
         check=False,
     )
-    assert capture.returncode == 0, capture.stderr
-    assert json.loads(capture.stdout)["workload"]["pods"] == 1
+    # 8^8 templates once written out: refused at once, by what it stands for.
+    assert capture.returncode == 2
+    assert "stands for more than 2000000 values" in capture.stderr
 
 
 def test_lists_of_aliased_lists_are_refused_past_the_bound(
@@ -627,3 +628,33 @@ def test_a_podgroup_whose_spec_is_no_mapping_is_a_group_of_one(tmp_path: Path) -
     code, result = review(tmp_path, [group, h100_deployment(1)])
     assert code == 0
     assert result["workload"]["pods"] == 1
+
+
+def test_a_pod_whose_aliases_stand_for_a_billion_values_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    path = tmp_path / "bomb.yaml"
+    path.write_text(
+        "kind: Pod\nmetadata: {name: p}\nspec:\n  containers: [{name: m, image: x}]\n  "
+        + "\n  ".join(levels)
+        + "\n"
+    )
+    assert main(["review", str(path), "--policy", POLICY]) == 2
+    assert capsys.readouterr().err == (
+        f"gpuadm: {path} stands for more than 2000000 values once its YAML aliases are written "
+        "out: review it in parts\n"
+    )
+
+
+@pytest.mark.parametrize("depth", [150, 5000])
+def test_a_manifest_nested_too_deep_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], depth: int
+) -> None:
+    path = tmp_path / "deep.yaml"
+    path.write_text("kind: Pod\nmetadata: {name: p}\nspec: " + "[" * depth + "]" * depth + "\n")
+    assert main(["review", str(path), "--policy", POLICY]) == 2
+    err = capsys.readouterr().err
+    assert "nested" in err
+    assert "Traceback" not in err
