@@ -17,6 +17,7 @@ from typing import Any
 
 from policies.classes.backends.device_plugins import MigClass
 from policies.classes.class_base import ClassBase
+from policies.classes.memory_checks import halves_overflow, sized_in_shares
 from policies.classes.models import gfd_product
 from policies.policy import Policy
 from policies.quantity import format_memory
@@ -200,13 +201,10 @@ def _class_findings(name: str, gpu_class: ClassBase, mine: list[GpuNode]) -> lis
         if not any(node.product == product for node in mine):
             findings.append(f"class {name}: no node has {model} ({PRODUCT_LABEL}={product})")
     sized = [node for node in mine if node.memory_mib is not None]
-    mig = isinstance(gpu_class, MigClass)
-    shares = gpu_class.uses_memory and gpu_class.shareable and not mig
-    if shares and gpu_class.memory is not None and sized:
+    if sized_in_shares(gpu_class) and gpu_class.memory is not None and sized:
         least = min(sized, key=lambda node: node.memory_mib or 0)
         assert least.memory_mib is not None
-        # Two halves, each rounded down to a MiB as the stacks round a share, do not fit.
-        if 2 * int(gpu_class.memory / 2 / MiB) > least.memory_mib:
+        if halves_overflow(gpu_class.memory, least.memory_mib):
             findings.append(
                 f"class {name}: memory {format_memory(gpu_class.memory)} is more than its "
                 f"nodes report ({format_memory(Fraction(least.memory_mib * MiB))} per GPU on "

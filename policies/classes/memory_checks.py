@@ -15,18 +15,27 @@ from policies.quantity import format_memory
 MiB = 2**20
 
 
+def sized_in_shares(gpu_class: ClassBase) -> bool:
+    """Tell whether a class's shares are sized from its `memory` (a MIG class's slices are
+    fixed: its profiles are checked instead)."""
+    return gpu_class.uses_memory and gpu_class.shareable and not isinstance(gpu_class, MigClass)
+
+
+def halves_overflow(memory: Fraction, gpu_mib: int) -> bool:
+    """Tell whether two halves of `memory` bytes, each rounded down to a MiB as the stacks
+    round a share, are more than a GPU of `gpu_mib` MiB holds."""
+    return 2 * int(memory / 2 / MiB) > gpu_mib
+
+
 def memory_warnings(class_name: str, gpu_class: ClassBase) -> list[str]:
     """Warn of memory a class declares above what its models' hardware reports, and of MIG
     profiles its models do not offer or that hold less than declared."""
     known = [(model, HARDWARE[model]) for model in gpu_class.models or () if model in HARDWARE]
     warnings = []
     sized = [(model, h.memory_mib) for model, h in known if h.memory_mib is not None]
-    # A MIG class's slices are fixed: its profiles are checked instead.
-    shares = gpu_class.uses_memory and gpu_class.shareable and not isinstance(gpu_class, MigClass)
-    if shares and gpu_class.memory is not None and sized:
+    if sized_in_shares(gpu_class) and gpu_class.memory is not None and sized:
         model, mib = min(sized, key=lambda found: found[1])
-        # Two halves, each rounded down to a MiB as the stacks round a share, do not fit.
-        if 2 * int(gpu_class.memory / 2 / MiB) > mib:
+        if halves_overflow(gpu_class.memory, mib):
             warnings.append(_above_real(class_name, gpu_class.memory, model, mib))
     if isinstance(gpu_class, MigClass):
         for model, hardware in known:
