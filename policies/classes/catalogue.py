@@ -101,8 +101,9 @@ _HOPPER = (
 )
 
 # Hopper newer than the 560 table: the H200 NVL as nvidia-smi prints it in public benchmark
-# reports (8 x `NVIDIA H200 NVL`, 143771 MiB each).
-_HOPPER_LATER = ("NVIDIA H200 NVL",)
+# reports (8 x `NVIDIA H200 NVL`, 143771 MiB each); the GH200 with 144 GB of HBM3e as
+# NVIDIA/mig-parted#139 names it (device 0x2348).
+_HOPPER_LATER = ("NVIDIA H200 NVL", "NVIDIA GH200 144G HBM3e")
 
 # Ada Lovelace data centre and workstation: driver README table (26B1-26BA, 27B0-27B8,
 # 28B0).

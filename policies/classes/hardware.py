@@ -74,24 +74,30 @@ _A100_80GB_MIG = (
     MigProfile("4g.40gb", None, 1),
     MigProfile("7g.80gb", None, 1),
 )
+# A100 40GB: the `-lgip` output in harvester/pcidevices pkg/util/gpuhelper/mig_test.go; an
+# A100-SXM4-40GB under driver 450.80.02 (seansiddens/mps-test README.md) printed a little less
+# for the larger profiles (9.62, 19.50, 39.25).
 _A100_40GB_MIG = (
-    MigProfile("1g.5gb", None, 7),
-    MigProfile("1g.5gb+me", None, 1),
-    MigProfile("1g.10gb", None, 4),
-    MigProfile("2g.10gb", None, 3),
-    MigProfile("3g.20gb", None, 2),
-    MigProfile("4g.20gb", None, 1),
-    MigProfile("7g.40gb", None, 1),
+    MigProfile("1g.5gb", _gib(4.75), 7),
+    MigProfile("1g.5gb+me", _gib(4.75), 1),
+    MigProfile("1g.10gb", _gib(9.75), 4),
+    MigProfile("2g.10gb", _gib(9.75), 3),
+    MigProfile("3g.20gb", _gib(19.625), 2),
+    MigProfile("4g.20gb", _gib(19.625), 1),
+    MigProfile("7g.40gb", _gib(39.50), 1),
 )
+# H100 80GB HBM3 (SXM5): the `-lgip` output in stackhpc/ansible-slurm-appliance docs/mig.md.
 _H100_80GB_MIG = (
-    MigProfile("1g.10gb", None, 7),
-    MigProfile("1g.10gb+me", None, 1),
-    MigProfile("1g.20gb", None, 4),
-    MigProfile("2g.20gb", None, 3),
-    MigProfile("3g.40gb", None, 2),
-    MigProfile("4g.40gb", None, 1),
-    MigProfile("7g.80gb", None, 1),
+    MigProfile("1g.10gb", _gib(9.75), 7),
+    MigProfile("1g.10gb+me", _gib(9.75), 1),
+    MigProfile("1g.20gb", _gib(19.625), 4),
+    MigProfile("2g.20gb", _gib(19.625), 3),
+    MigProfile("3g.40gb", _gib(39.50), 2),
+    MigProfile("4g.40gb", _gib(39.50), 1),
+    MigProfile("7g.80gb", _gib(79.25), 1),
 )
+# H100 PCIe: the same profiles as the SXM part (MIG user guide); their memory not seen.
+_H100_PCIE_MIG = tuple(MigProfile(p.name, None, p.instances) for p in _H100_80GB_MIG)
 # H100 NVL: the `-lgip` output in NVIDIA/gpu-operator#900 and NVIDIA/mig-parted#101.
 _H100_NVL_MIG = (
     MigProfile("1g.12gb", _gib(10.75), 7),
@@ -113,15 +119,44 @@ _B200_MIG = (
     MigProfile("4g.90gb", None, 1),
     MigProfile("7g.180gb", None, 1),
 )
+# A30: the `-lgip` output in Summer-Lo/Docker_configuration 000-MIG/README.md (2g.12gb+me not
+# shown there).
 _A30_MIG = (
-    MigProfile("1g.6gb", None, 4),
-    MigProfile("1g.6gb+me", None, 1),
-    MigProfile("2g.12gb", None, 2),
+    MigProfile("1g.6gb", _gib(5.81), 4),
+    MigProfile("1g.6gb+me", _gib(5.81), 1),
+    MigProfile("2g.12gb", _gib(11.69), 2),
     MigProfile("2g.12gb+me", None, 1),
-    MigProfile("4g.24gb", None, 1),
+    MigProfile("4g.24gb", _gib(23.50), 1),
+)
+# GH200 with 96 GB of HBM3 (the `NVIDIA GH200 480GB`): the `-lgip` output in
+# kf-cuanschutz/NVIDIA_Grace_Hopper_benchmarking_logs_ Daily_installs_loggings/
+# Lessons_learned_from_the_slurm_MIG_installation.md.
+_GH200_96GB_MIG = (
+    MigProfile("1g.12gb", _gib(11.00), 7),
+    MigProfile("1g.12gb+me", _gib(11.00), 1),
+    MigProfile("1g.24gb", _gib(23.00), 4),
+    MigProfile("2g.24gb", _gib(23.00), 3),
+    MigProfile("3g.48gb", _gib(46.50), 2),
+    MigProfile("4g.48gb", _gib(46.50), 1),
+    MigProfile("7g.96gb", _gib(93.00), 1),
+)
+# GH200 144G HBM3e: the `-lgip` output in NVIDIA/mig-parted#139 (the larger profiles' memory
+# not shown there).
+_GH200_144GB_MIG = (
+    MigProfile("1g.18gb", _gib(17.50), 7),
+    MigProfile("1g.18gb+me", _gib(17.50), 1),
+    MigProfile("1g.36gb", _gib(35.25), 4),
+    MigProfile("2g.36gb", _gib(35.25), 3),
+    MigProfile("3g.72gb", None, 2),
+    MigProfile("4g.72gb", None, 1),
+    MigProfile("7g.144gb", None, 1),
 )
 
 HARDWARE: dict[str, Hardware] = {
+    # 4paradigm/k8s-vgpu-scheduler#7 (driver 440.64.00).
+    "Tesla V100-SXM2-16GB": Hardware(16160),
+    # Wan-Video/Wan2.1#5 (driver 525.105.17; 32480 under 418.116.00, godweiyang/GrabGPU#5).
+    "Tesla V100-SXM2-32GB": Hardware(32768),
     # modal-labs/modal-client#2797 (nvidia-smi totals of its GPU types).
     "Tesla T4": Hardware(15360),
     "NVIDIA L4": Hardware(23034),
@@ -136,10 +171,11 @@ HARDWARE: dict[str, Hardware] = {
     "NVIDIA A100-PCIE-40GB": Hardware(None, _A100_40GB_MIG),
     # NVIDIA/mig-parted#31 (driver 545.23.08).
     "NVIDIA A100-SXM4-80GB": Hardware(81920, _A100_80GB_MIG),
-    "NVIDIA A100 80GB PCIe": Hardware(None, _A100_80GB_MIG),
+    # NVIDIA/deepops#1215 (driver 510.85.02).
+    "NVIDIA A100 80GB PCIe": Hardware(81920, _A100_80GB_MIG),
     # wilicc/gpu-burn#114 (driver 550.90.07) and NVIDIA/nccl#1264 (550.54.15).
     "NVIDIA H100 80GB HBM3": Hardware(81559, _H100_80GB_MIG),
-    "NVIDIA H100 PCIe": Hardware(None, _H100_80GB_MIG),
+    "NVIDIA H100 PCIe": Hardware(None, _H100_PCIE_MIG),
     # NVIDIA/gpu-admin-tools#4 (driver 535.183.01).
     "NVIDIA H100 NVL": Hardware(95830, _H100_NVL_MIG),
     # Measured on a real H200 (driver 580.159.04): `NVIDIA H200, 143771 MiB`.
@@ -149,6 +185,9 @@ HARDWARE: dict[str, Hardware] = {
     "NVIDIA H200 NVL": Hardware(
         143771, tuple(MigProfile(p.name, None, p.instances) for p in _H200_MIG)
     ),
+    # Public nvidia-smi output (driver 535.154.05): `NVIDIA GH200 480GB ... 97871MiB`.
+    "NVIDIA GH200 480GB": Hardware(97871, _GH200_96GB_MIG),
+    "NVIDIA GH200 144G HBM3e": Hardware(None, _GH200_144GB_MIG),
     # NVIDIA/TensorRT-LLM#10278 (driver 580.95.05).
     "NVIDIA B200": Hardware(183359, _B200_MIG),
 }

@@ -32,6 +32,48 @@ def test_the_h200_is_as_measured_on_a_real_one() -> None:
     }
 
 
+# Every MIG-capable data-centre GPU, with the profile that takes the whole GPU.
+MIG_CAPABLE = {
+    "NVIDIA A30": "4g.24gb",
+    "NVIDIA A100-SXM4-40GB": "7g.40gb",
+    "NVIDIA A100-PCIE-40GB": "7g.40gb",
+    "NVIDIA A100-SXM4-80GB": "7g.80gb",
+    "NVIDIA A100 80GB PCIe": "7g.80gb",
+    "NVIDIA H100 80GB HBM3": "7g.80gb",
+    "NVIDIA H100 PCIe": "7g.80gb",
+    "NVIDIA H100 NVL": "7g.94gb",
+    "NVIDIA H200": "7g.141gb",
+    "NVIDIA H200 NVL": "7g.141gb",
+    "NVIDIA GH200 480GB": "7g.96gb",
+    "NVIDIA GH200 144G HBM3e": "7g.144gb",
+    "NVIDIA B200": "7g.180gb",
+}
+
+
+@pytest.mark.parametrize(("name", "whole"), sorted(MIG_CAPABLE.items()))
+def test_each_mig_capable_gpu_lists_its_profiles(name: str, whole: str) -> None:
+    profile = HARDWARE[name].profile(whole)
+    assert profile is not None
+    assert profile.instances == 1
+    # The smallest slice fits 4 (A30) or 7 times.
+    assert max(p.instances for p in HARDWARE[name].mig) == (4 if name == "NVIDIA A30" else 7)
+
+
+def test_a_gh200s_profiles_are_as_its_driver_lists_them() -> None:
+    gh200 = HARDWARE["NVIDIA GH200 480GB"]
+    assert gh200.memory_mib == 97871
+    gib = {p.name: (p.memory_mib / 1024 if p.memory_mib else None, p.instances) for p in gh200.mig}
+    assert gib == {
+        "1g.12gb": (11.00, 7),
+        "1g.12gb+me": (11.00, 1),
+        "1g.24gb": (23.00, 4),
+        "2g.24gb": (23.00, 3),
+        "3g.48gb": (46.50, 2),
+        "4g.48gb": (46.50, 1),
+        "7g.96gb": (93.00, 1),
+    }
+
+
 @pytest.mark.parametrize("name", sorted(HARDWARE))
 def test_each_models_profiles_fit_its_memory(name: str) -> None:
     hardware = HARDWARE[name]
@@ -63,6 +105,11 @@ def memory_warnings(classes: str) -> list[str]:
         ),
         pytest.param(
             "  h200: {backend: hami, memory: 143771Mi, models: [NVIDIA H200]}\n", [], id="real"
+        ),
+        pytest.param(
+            "  gh200: {backend: hami, memory: 96Gi, models: [NVIDIA GH200 480GB]}\n",
+            ["class gh200: memory 96Gi is more than NVIDIA GH200 480GB has (97871Mi"],
+            id="a-gh200-sold-as-96gb",
         ),
         pytest.param(
             "  h200: {backend: hami, memory: 143772Mi, models: [NVIDIA H200]}\n",
