@@ -76,6 +76,23 @@ def test_the_install_notes_say_the_removed_http2_value_is_ignored(
     assert "http2" not in _install_notes(control_plane, helm)
 
 
+def test_the_install_notes_say_when_no_class_is_configured_and_which_image_must_be_pulled(
+    control_plane: ControlPlane,
+    tools: dict[str, Path],  # noqa: F811
+) -> None:
+    """With the chart's defaults nothing is rewritten, and the notes say so; with a policy of
+    classes they do not. Either way they name the image the pods must pull, and what to do
+    when they cannot."""
+    helm = tools["helm"]
+    no_class = "No GPU class is configured: gpuadm rewrites and charges nothing"
+    defaults = _install_notes(control_plane, helm)
+    assert no_class in defaults
+    example = _install_notes(control_plane, helm, "-f", "examples/values-example.yaml")
+    assert no_class not in example
+    image = _install_notes(control_plane, helm, "--set", "image.repository=registry.example/gpu")
+    assert "Pods in ErrImagePull or ImagePullBackOff cannot pull registry.example/gpu:" in image
+
+
 def _install_notes(plane: ControlPlane, helm: Path, *values: str) -> str:
     """The notes `helm install` prints, in a dry run that stores nothing."""
     result = subprocess.run(

@@ -65,6 +65,7 @@ def add_gpuadm_namespace(parser: argparse.ArgumentParser, *, has_tenant: bool = 
     parser.add_argument(
         "--gpuadm-namespace",
         default=default,
+        type=namespace_name,
         help="gpuadm's namespace, where its ConfigMaps, records and TLS Secret live "
         f"(default: $POD_NAMESPACE, else {DEFAULT_NAMESPACE})",
     )
@@ -73,6 +74,7 @@ def add_gpuadm_namespace(parser: argparse.ArgumentParser, *, has_tenant: bool = 
     parser.add_argument(
         "--namespace",
         dest="gpuadm_namespace",
+        type=namespace_name,
         action=_Deprecated,
         help=argparse.SUPPRESS,
     )

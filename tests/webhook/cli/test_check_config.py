@@ -8,6 +8,7 @@ and the fix.
 from __future__ import annotations
 
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -418,7 +419,7 @@ def test_a_rendered_chart_on_stdin_is_checked(tmp_path: Path) -> None:
     )
     assert "policy.yaml: |" in shipped
     result = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "gpuadm"), "check-config", "-"],
+        [sys.executable, "-m", "webhook.cli", "check-config", "-"],
         input=rendered,
         capture_output=True,
         text=True,

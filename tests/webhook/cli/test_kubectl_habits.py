@@ -137,6 +137,23 @@ def test_the_old_namespace_flag_still_works_and_warns(
     assert "gpuadm.gpu-adm.svc" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize(
+    "command",
+    [
+        *([c, "--gpuadm-namespace"] for c in ["serve", "uninstall", "quota", "check-config"]),
+        # The old spelling, on the commands that have no tenant.
+        *([c, "--namespace"] for c in ["serve", "uninstall"]),
+    ],
+)
+def test_gpuadm_s_own_namespace_must_be_a_namespace_s_name(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "Bad_NS"])
+    assert exited.value.code == 2
+    assert "'Bad_NS' is not a namespace's name" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["certs", "show"], ["serve"], ["uninstall"]])
 def test_dash_n_is_no_flag_of_commands_without_a_tenant(command: list[str]) -> None:
     with pytest.raises(SystemExit) as exited:
