@@ -59,6 +59,8 @@ ADMIN_GROUP = "system:masters"
 # gpuadm trusts these names. Both are in the admin group; RBAC is not under test here.
 GPUADM_USER = "system:serviceaccount:gpuadm-system:gpuadm"
 CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+# A tenant, in no group but system:authenticated: it may do only what RBAC grants it by name.
+TENANT_USER = "tenant"
 LOG_TAIL_LINES = 40
 STOP_GRACE_SECONDS = 5.0
 POLL_INTERVAL_SECONDS = 0.25
@@ -161,7 +163,8 @@ class ControlPlane:
         self._processes: dict[str, subprocess.Popen[bytes]] = {}
         self.token = secrets.token_urlsafe(32)
         self._tokens = {
-            user: secrets.token_urlsafe(32) for user in (GPUADM_USER, CONTROLLER_MANAGER_USER)
+            user: secrets.token_urlsafe(32)
+            for user in (GPUADM_USER, CONTROLLER_MANAGER_USER, TENANT_USER)
         }
         self._tokens[ADMIN_USER] = self.token
         self.url = ""
@@ -540,8 +543,11 @@ class ControlPlane:
         _write_private(self.workdir / "admission.yaml", yaml.safe_dump(config).encode())
 
     def _write_token_file(self) -> None:
-        # Format: token,user,uid,"group1,group2"
-        lines = [f'{token},{user},{user},"{ADMIN_GROUP}"\n' for user, token in self._tokens.items()]
+        # Format: token,user,uid[,"group1,group2"]
+        lines = [
+            f"{token},{user},{user}" + ("" if user == TENANT_USER else f',"{ADMIN_GROUP}"') + "\n"
+            for user, token in self._tokens.items()
+        ]
         _write_private(self.workdir / "tokens.csv", "".join(lines).encode())
 
     @staticmethod
