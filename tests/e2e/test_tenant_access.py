@@ -182,6 +182,7 @@ def test_a_tenant_the_chart_names_reviews_against_the_live_quota_and_reads_nothi
         f'configmaps "gpuadm-policy" is forbidden: User "{TENANT_USER}" cannot get resource '
         f'"configmaps" in API group "" in the namespace "{gpuadm_namespace}"'
     ) in err
+    assert "ask your admin to turn on the chart's tenantAccess.readConfig for you" in err
 
     _apply(api_client, view)
     reviews: list[tuple[int, str, str]] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import Coroutine
+from http import HTTPStatus
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from webhook.cli.exits import CommandError
@@ -49,6 +50,21 @@ def call(api: AsyncApi, work: Coroutine[Any, Any, T]) -> T:
         raise plainly(error, api.endpoint) from None
 
 
+async def _read_configmap(api: AsyncApi, namespace: str, name: str) -> dict[str, Any] | None:
+    """Read one of gpuadm's ConfigMaps by name; a refusal says which grant a tenant lacks."""
+    from webhook.kube.errors import KubeError
+
+    try:
+        return await api.get_configmap(namespace, name)
+    except KubeError as error:
+        if error.status != HTTPStatus.FORBIDDEN:
+            raise
+        raise CommandError(
+            f"you may not read ConfigMap {namespace}/{name} ({error}): ask your admin to turn on "
+            "the chart's tenantAccess.readConfig for you (docs/tenants.md)"
+        ) from None
+
+
 async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
     """Read gpuadm's policy and quotas from its ConfigMaps in `namespace`, as `serve` reads
     them; raise `CommandError` saying what is missing or invalid."""
@@ -59,9 +75,14 @@ async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
 
     # Each by name: a tenant may be granted get on exactly these two (the chart's
     # tenantAccess.readConfig), never a list of the namespace's usage records.
-    maps = {name: await api.get_configmap(namespace, name) for name in (POLICY_MAP, QUOTAS_MAP)}
+    maps = {name: await _read_configmap(api, namespace, name) for name in (POLICY_MAP, QUOTAS_MAP)}
     if maps[POLICY_MAP] is None:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
+    if maps[QUOTAS_MAP] is None:
+        raise CommandError(
+            f"no ConfigMap {QUOTAS_MAP} in namespace {namespace}: gpuadm refuses GPU pods in "
+            "governed namespaces until it has one"
+        )
 
     def text(name: str, key: str) -> str:
         data = (maps.get(name) or {}).get("data") or {}

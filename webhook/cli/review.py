@@ -337,7 +337,14 @@ class _Cluster:
 
     async def _read(self, namespace: str) -> dict[str, Fraction]:
         from policies.quantity import QuantityError, parse_quantity
+        from webhook.kube.rest import GPUADM_API
 
+        if not await self._api.serves_quota_api():
+            # Without the CRD every object reads as absent: that is no reading of what is held.
+            raise CommandError(
+                f"the cluster serves no GPUQuota API ({GPUADM_API.removeprefix('/apis/')}): "
+                "what namespaces hold cannot be read; install gpuadm's CRD (docs/operations.md)"
+            )
         held: dict[str, Fraction] = {}
         for class_name in self.config.policy.classes:
             found = await self._api.get_quota_status(namespace, class_name)

@@ -263,6 +263,11 @@ class AsyncApi:
         """Create a GPUQuota object; a 409 means one of that name exists."""
         return await self._call("POST", _namespaced(GPUADM_API, namespace, "gpuquotas"), body)
 
+    async def serves_quota_api(self) -> bool:
+        """Tell whether the apiserver serves the GPUQuota API, that is, its CRD is installed
+        (discovery, which every authenticated user may read)."""
+        return await self._call_or_none("GET", GPUADM_API) is not None
+
     async def get_quota_status(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a GPUQuota object, or None if it does not exist."""
         return await self._call_or_none(

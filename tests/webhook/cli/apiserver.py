@@ -23,6 +23,8 @@ class FakeApiserver:
     """What the server answers, and where it listens."""
 
     objects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Paths the caller may not read: answered 403, as RBAC answers them.
+    forbidden: set[str] = field(default_factory=set)
     token: str | None = None
     url: str = ""
 
@@ -87,7 +89,10 @@ def fake_apiserver() -> Iterator[FakeApiserver]:
             url = urllib.parse.urlsplit(self.path)
             path = url.path
             selector = (urllib.parse.parse_qs(url.query).get("labelSelector") or [""])[0]
-            if path in state.objects:
+            if path in state.forbidden:
+                message = f'configmaps "{path.rsplit("/", 1)[-1]}" is forbidden'
+                self._answer(403, _status(403, "Forbidden", message))
+            elif path in state.objects:
                 found = state.objects[path]
                 if selector and "items" in found:
                     # Only the "has this label" selectors gpuadm sends.

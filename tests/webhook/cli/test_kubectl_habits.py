@@ -21,6 +21,10 @@ POLICY = str(ROOT / "examples" / "policy.yaml")
 JOB = str(ROOT / "examples" / "pods" / "h100-job.yaml")
 PLUGIN = "import sys; from webhook.cli import plugin; sys.exit(plugin())"
 
+# Discovery of gpuadm's API, as the apiserver serves it once the GPUQuota CRD is installed.
+QUOTA_API = "/apis/gpuadm.io/v1alpha1"
+QUOTA_API_RESOURCES = {"kind": "APIResourceList", "groupVersion": "gpuadm.io/v1alpha1"}
+
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -354,6 +358,7 @@ def test_review_from_the_cluster_counts_what_the_namespace_holds_and_reserves(
 
     with fake_apiserver() as apiserver:
         apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        apiserver.objects[QUOTA_API] = QUOTA_API_RESOURCES
         apiserver.objects["/apis/gpuadm.io/v1alpha1/namespaces/team-a/gpuquotas/a100"] = {
             "kind": "GPUQuota",
             "metadata": {"name": "a100", "namespace": "team-a"},
@@ -368,6 +373,23 @@ def test_review_from_the_cluster_counts_what_the_namespace_holds_and_reserves(
         args = ["review", str(pod), "--from-cluster", "--kubeconfig", str(kubeconfig)]
         assert main(args) == code
     assert said in capsys.readouterr().out
+
+
+def test_review_from_a_cluster_without_the_gpuquota_crd_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without the CRD every GPUQuota reads as absent, which is no reading of what a namespace
+    holds: the review says so rather than judge as if it held nothing."""
+    from tests.webhook.cli.apiserver import write_kubeconfig
+
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
+        assert main(["review", JOB, "--from-cluster", "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err == (
+        "gpuadm: the cluster serves no GPUQuota API (gpuadm.io/v1alpha1): what namespaces hold "
+        "cannot be read; install gpuadm's CRD (docs/operations.md)\n"
+    )
 
 
 @pytest.mark.parametrize(

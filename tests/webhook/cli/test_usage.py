@@ -120,6 +120,7 @@ def running_apiserver() -> Iterator[FakeApiserver]:
 def apiserver(running_apiserver: FakeApiserver) -> FakeApiserver:
     """The apiserver, serving gpuadm's config and the records of team-a and team-b."""
     running_apiserver.objects.clear()
+    running_apiserver.forbidden.clear()
     running_apiserver.objects[CONFIGMAPS] = config_maps(
         record("team-a", TEAM_A), record("team-b", TEAM_B)
     )
@@ -447,6 +448,32 @@ def test_without_gpuadm_s_config_the_command_says_so(
     assert main(["usage", "--kubeconfig", kubeconfig]) == 2
     assert capsys.readouterr().err == (
         "gpuadm: no ConfigMap gpuadm-policy in namespace gpuadm-system: is gpuadm there?\n"
+    )
+
+
+def test_a_config_map_the_user_may_not_read_names_the_grant_they_lack(
+    apiserver: FakeApiserver, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    apiserver.forbidden.add(f"{CONFIGMAPS}/gpuadm-quotas")
+    kubeconfig = str(apiserver.kubeconfig(tmp_path / "kubeconfig"))
+    assert main(["usage", "--kubeconfig", kubeconfig]) == 2
+    assert capsys.readouterr().err == (
+        "gpuadm: you may not read ConfigMap gpuadm-system/gpuadm-quotas (403: configmaps "
+        '"gpuadm-quotas" is forbidden): ask your admin to turn on the chart\'s '
+        "tenantAccess.readConfig for you (docs/tenants.md)\n"
+    )
+
+
+def test_without_gpuadm_s_quotas_the_command_says_so(
+    apiserver: FakeApiserver, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    listed = apiserver.objects[CONFIGMAPS]
+    listed["items"] = [i for i in listed["items"] if i["metadata"]["name"] != "gpuadm-quotas"]
+    kubeconfig = str(apiserver.kubeconfig(tmp_path / "kubeconfig"))
+    assert main(["usage", "--kubeconfig", kubeconfig]) == 2
+    assert capsys.readouterr().err == (
+        "gpuadm: no ConfigMap gpuadm-quotas in namespace gpuadm-system: gpuadm refuses GPU pods "
+        "in governed namespaces until it has one\n"
     )
 
 
