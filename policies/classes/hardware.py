@@ -140,6 +140,10 @@ _GH200_96GB_MIG = (
     MigProfile("4g.48gb", _gib(46.50), 1),
     MigProfile("7g.96gb", _gib(93.00), 1),
 )
+# H20: NVIDIA's MIG manager configures it as the GH200 and the H100 96GB, with the same profile
+# names (NVIDIA/mig-parted deployments/systemd/config-default.yaml, device 0x2329 in its
+# `all-balanced` entry); the memory of its profiles not seen.
+_H20_MIG = tuple(MigProfile(p.name, None, p.instances) for p in _GH200_96GB_MIG)
 # GH200 144G HBM3e: the `-lgip` output in NVIDIA/mig-parted#139 (the larger profiles' memory
 # not shown there).
 _GH200_144GB_MIG = (
@@ -188,6 +192,7 @@ HARDWARE: dict[str, Hardware] = {
     # Public nvidia-smi output (driver 535.154.05): `NVIDIA GH200 480GB ... 97871MiB`.
     "NVIDIA GH200 480GB": Hardware(97871, _GH200_96GB_MIG),
     "NVIDIA GH200 144G HBM3e": Hardware(None, _GH200_144GB_MIG),
+    "NVIDIA H20": Hardware(None, _H20_MIG),
     # NVIDIA/TensorRT-LLM#10278 (driver 580.95.05).
     "NVIDIA B200": Hardware(183359, _B200_MIG),
 }

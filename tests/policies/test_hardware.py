@@ -45,6 +45,7 @@ MIG_CAPABLE = {
     "NVIDIA H200": "7g.141gb",
     "NVIDIA H200 NVL": "7g.141gb",
     "NVIDIA GH200 480GB": "7g.96gb",
+    "NVIDIA H20": "7g.96gb",
     "NVIDIA GH200 144G HBM3e": "7g.144gb",
     "NVIDIA B200": "7g.180gb",
 }
