@@ -26,6 +26,21 @@ def free_port() -> int:
         return port
 
 
+def run_gpuadm(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a `gpuadm` command to its end, as a user's shell would; it may fail, but never
+    with a traceback."""
+    result = subprocess.run(
+        [sys.executable, "-m", "webhook.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
 def spawn_serve(port: int, *args: str, log: IO[bytes] | IO[str]) -> subprocess.Popen[bytes]:
     """Start `gpuadm serve` on loopback with extra arguments, its output going to `log`."""
     return subprocess.Popen(

@@ -5,8 +5,6 @@ the apiserver."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +13,7 @@ import pytest
 
 from tests.e2e.cluster import ControlPlane
 from tests.e2e.nodes import A100_SXM, MIG_LAYOUT, Gpu, Pool, pools_created
-from tests.support import ROOT
+from tests.support import run_gpuadm
 
 # Nodes of this module alone, told apart by a label its classes select.
 POOL_LABEL = {"gpuadm.io/e2e-pool": "check-cluster"}
@@ -54,27 +52,16 @@ def fit_nodes(core_v1: kubernetes.client.CoreV1Api) -> Any:
 
 
 def check_cluster(plane: ControlPlane, policy: Path) -> tuple[int, dict[str, Any]]:
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "check-config",
-            "--policy",
-            str(policy),
-            "--from-cluster",
-            "--kubeconfig",
-            str(plane.kubeconfig_path),
-            "-o",
-            "json",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_gpuadm(
+        "check-config",
+        "--policy",
+        str(policy),
+        "--from-cluster",
+        "--kubeconfig",
+        str(plane.kubeconfig_path),
+        "-o",
+        "json",
     )
-    assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, json.loads(result.stdout)
 
 

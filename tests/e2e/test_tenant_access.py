@@ -5,8 +5,6 @@ policy and quotas and nothing else of gpuadm's namespace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from kubernetes.dynamic import DynamicClient
 from tests.deploy.test_manifests import Obj, Render, render, tools  # noqa: F401
 from tests.e2e.cluster import TENANT_USER, ControlPlane
 from tests.e2e.gpuadm import install_quota_view, wait_until
-from tests.support import ROOT
+from tests.support import run_gpuadm
 
 CONFIG_MAPS = ("gpuadm-policy", "gpuadm-quotas")
 # Another ConfigMap of the chart beside them (its config check's copy of both), to be refused.
@@ -63,28 +61,17 @@ def _apply(api: kubernetes.client.ApiClient, objects: list[Obj]) -> None:
 
 def _review(plane: ControlPlane, pod: Path, gpuadm_namespace: str) -> tuple[int, str, str]:
     """`gpuadm review --from-cluster` run as the tenant, with the tenant's kubeconfig."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "webhook.cli",
-            "review",
-            str(pod),
-            "--from-cluster",
-            "--kubeconfig",
-            str(plane.kubeconfig_of(TENANT_USER)),
-            "--gpuadm-namespace",
-            gpuadm_namespace,
-            "-o",
-            "json",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
+    result = run_gpuadm(
+        "review",
+        str(pod),
+        "--from-cluster",
+        "--kubeconfig",
+        str(plane.kubeconfig_of(TENANT_USER)),
+        "--gpuadm-namespace",
+        gpuadm_namespace,
+        "-o",
+        "json",
     )
-    assert "Traceback" not in result.stderr, result.stderr
     return result.returncode, result.stdout, result.stderr
 
 
