@@ -25,6 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from certs import TLSPaths, new_ca, new_serving_cert, write_tls_dir
 from tests.e2e.cluster import GPUADM_USER, ControlPlane
+from tests.e2e.patience import spent
 from tests.support import ROOT, free_port, spawn_serve, wait_until_listening
 from webhook.config.snapshot import revision_of
 
@@ -54,9 +55,13 @@ class GpuadmProcess:
         index: int,
         *,
         extra_args: Sequence[str] = (),
+        client_ca: bool = True,
     ) -> None:
-        """Run replica `index`; `extra_args` go after the suite's own arguments."""
+        """Run replica `index`; `extra_args` go after the suite's own arguments. `client_ca`:
+        take reviews only from callers with a certificate of the apiserver's, as docs/deploy.md
+        sets it up; without it, from any caller, as the chart does by default."""
         self.port = free_port()
+        self._client_ca = client_ca
         self._extra_args = tuple(extra_args)
         self.log_path = workdir / f"gpuadm-{index}.log"
         self._tls = tls
@@ -79,8 +84,11 @@ class GpuadmProcess:
                 "--key-file",
                 str(self._tls.key_file),
                 # Reviews from the apiserver only, as docs/deploy.md sets it up.
-                "--client-ca-file",
-                str(self._plane.webhook_client_ca_file),
+                *(
+                    ("--client-ca-file", str(self._plane.webhook_client_ca_file))
+                    if self._client_ca
+                    else ()
+                ),
                 # A dead leader's Lease runs out in 3 s rather than 15, to keep tests short.
                 "--lease-seconds",
                 str(LEASE_SECONDS),
@@ -347,10 +355,13 @@ def _wait_for_revision(processes: list[GpuadmProcess], config: str, text: str) -
 
 
 def wait_until(check: Any, what: str, details: Any = lambda: "", seconds: float = 60) -> None:
-    """Poll `check` until it is true; fail naming `what` otherwise."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    """Poll `check` until it is true; fail naming `what` once `seconds` have passed, stretched
+    by the machine's load (`tests.e2e.patience`)."""
+    start = time.monotonic()
+    while not spent(time.monotonic() - start, seconds):
         if check():
             return
         time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}\n{details()}")
+    raise AssertionError(
+        f"timed out after {time.monotonic() - start:.0f} s waiting for {what}\n{details()}"
+    )

@@ -34,6 +34,7 @@ from tests.e2e.kubelet import (
     KubeletNode,
     node_prerequisites,
 )
+from tests.e2e.patience import spent
 from tests.support import ROOT
 
 CHART = ROOT / "deploy" / "helm" / "gpuadm"
@@ -477,10 +478,12 @@ def on_a_real_node(image: Image, *more: Image) -> Iterator[Installation]:
 
 
 def wait_for(check: Callable[[], bool], what: str, seconds: float = 120) -> float:
-    """Wait until `check()` holds; return how long it took; fail after `seconds`."""
+    """Wait until `check()` holds; return how long it took; fail after `seconds`, stretched by
+    the machine's load (`tests.e2e.patience`)."""
     start = time.monotonic()
     while not check():
-        if time.monotonic() - start > seconds:
-            raise AssertionError(f"timed out after {seconds:.0f} s waiting for {what}")
+        if spent(time.monotonic() - start, seconds):
+            elapsed = time.monotonic() - start
+            raise AssertionError(f"timed out after {elapsed:.0f} s waiting for {what}")
         time.sleep(0.2)
     return time.monotonic() - start
