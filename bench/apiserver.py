@@ -7,6 +7,7 @@ Every namespace is made before gpuadm starts, each for one kind of create:
 | `plain`  | `example.com/gpu` | the apiserver alone: gpuadm's webhooks never see this resource |
 | `native` | `example.com/gpu` | the apiserver's ResourceQuota admission                       |
 | `noop`   | `example.com/gpu` | two webhooks that do nothing, then the ResourceQuota          |
+| `noop-3` | `example.com/gpu` | as `noop`, served by three processes behind a balancer (bursts) |
 | `open`   | `gpuadm.io/h100`  | gpuadm's two webhooks, no quota                               |
 | `gated`  | `gpuadm.io/h100`  | gpuadm's two webhooks and its quota (a record write)          |
 | `dra-open`  | `gpuadm.io/h100-dra` | as `open`, for a `dra` class: a claim and its template |
@@ -36,13 +37,18 @@ import kubernetes.client
 
 from bench.churn import CHURN_NAMESPACE, measure_churn
 from bench.creates import Burst, PodCreator, interleaved_latencies, one_gpu_pods
+from bench.kernel import KernelBalancer
+from bench.relay import RelayProcess
 from bench.server import serving_bare
 from bench.webhooks import (
+    NOOP_BALANCED_LABEL,
+    NOOP_BALANCED_NAMES,
     NOOP_LABEL,
     REPLICAS,
     gpuadm_replicas,
     point_gpuadm_webhooks,
     register_noop_webhooks,
+    start_balancer,
 )
 from tests.builders import POLICY_YAML
 from tests.e2e.cluster import ControlPlane
@@ -78,6 +84,9 @@ SEQUENTIAL = {
 BURSTS = {
     "native": (NATIVE_RESOURCE, 0),
     "noop": (NATIVE_RESOURCE, 0),
+    # The anchor of a burst through gpuadm's replicas: as many no-op processes, behind a
+    # balancer of the same kind.
+    f"noop-{REPLICAS}": (NATIVE_RESOURCE, 0),
     "gpuadm-1": (GPUADM_RESOURCE, 1),
     # Every pod of the burst admitted and stored, in a namespace without quota and in one
     # whose quota they all fit: the difference is what the quota costs a burst.
@@ -85,6 +94,8 @@ BURSTS = {
     "roomy-1": (GPUADM_RESOURCE, 1),
     f"gpuadm-{REPLICAS}": (GPUADM_RESOURCE, REPLICAS),
 }
+# The label that sends a no-op kind's namespace to its webhooks.
+NOOP_LABELS = {"noop": NOOP_LABEL, f"noop-{REPLICAS}": NOOP_BALANCED_LABEL}
 # What each kind's namespace allows, if not `FIT`; None: no quota at all.
 BURST_LIMITS: dict[str, int | None] = {"unlimited-1": None, "roomy-1": ROOMY}
 WARMUP_CREATES = 10
@@ -98,22 +109,42 @@ def measure(*, count: int, rounds: int, churn_seconds: float) -> dict[str, Any]:
         ControlPlane() as plane,
         tempfile.TemporaryDirectory() as workdir,
         plane.api_client() as api,
-        serving_bare(Path(workdir) / "noop") as noop,
+        serving_bare(Path(workdir) / "noop", processes=REPLICAS) as noop,
     ):
         quotas = prepare_namespaces(kubernetes.client.CoreV1Api(api), bursts)
         register_noop_webhooks(api, noop, probe_namespace="noop")
-        with gpuadm_replicas(
-            plane,
-            api,
-            Path(workdir),
-            quotas=quotas,
-            probe_namespace="open",
-            probe_resource=GPUADM_RESOURCE,
-        ) as deployment:
-            figures = asyncio.run(
-                _measure(plane, deployment, bursts, count=count, churn_seconds=churn_seconds)
+        noop_balancer = start_balancer()
+        try:
+            noop_balancer.route_to(list(noop.ports))
+            register_noop_webhooks(
+                api,
+                noop,
+                probe_namespace="noop-balanced",
+                url=f"https://127.0.0.1:{noop_balancer.port}",
+                label=NOOP_BALANCED_LABEL,
+                names=NOOP_BALANCED_NAMES,
             )
-            return {**figures, "balancer": getattr(deployment.balancer, "name", "relay")}
+            with gpuadm_replicas(
+                plane,
+                api,
+                Path(workdir),
+                quotas=quotas,
+                probe_namespace="open",
+                probe_resource=GPUADM_RESOURCE,
+            ) as deployment:
+                figures = asyncio.run(
+                    _measure(
+                        plane,
+                        deployment,
+                        bursts,
+                        noop_balancer=(noop_balancer, list(noop.ports)),
+                        count=count,
+                        churn_seconds=churn_seconds,
+                    )
+                )
+                return {**figures, "balancer": getattr(deployment.balancer, "name", "relay")}
+        finally:
+            noop_balancer.stop()
 
 
 async def _measure(
@@ -121,6 +152,7 @@ async def _measure(
     deployment: Deployment,
     bursts: dict[str, list[str]],
     *,
+    noop_balancer: tuple[KernelBalancer | RelayProcess, list[int]],
     count: int,
     churn_seconds: float,
 ) -> dict[str, Any]:
@@ -139,6 +171,11 @@ async def _measure(
                     direct = replicas == 1
                     await asyncio.to_thread(point, deployment, direct=direct)
                 namespace = bursts[kind][round_]
+                if kind == f"noop-{REPLICAS}":
+                    # As gpuadm's balanced bursts: new connections, spread over the processes.
+                    balancer, ports = noop_balancer
+                    await asyncio.to_thread(balancer.route_to, [])
+                    await asyncio.to_thread(balancer.route_to, ports)
                 figures = await measured_burst(
                     creator, deployment, namespace, resource, replicas, balanced=not direct
                 )
@@ -235,6 +272,7 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
         core.create_namespace({"metadata": {"name": name}})
     native_quota(core, "native", ROOMY)
     native_quota(core, "noop", ROOMY, labels={NOOP_LABEL: "true"})
+    native_quota(core, "noop-balanced", ROOMY, labels={NOOP_BALANCED_LABEL: "true"})
     for kind, names in bursts.items():
         for name in names:
             if BURSTS[kind][1]:
@@ -243,7 +281,7 @@ def prepare_namespaces(core: kubernetes.client.CoreV1Api, bursts: dict[str, list
                 if limit is not None:
                     gpuadm_limits[name] = limit
             else:
-                labels = {NOOP_LABEL: "true"} if kind == "noop" else {}
+                labels = {NOOP_LABELS[kind]: "true"} if kind in NOOP_LABELS else {}
                 native_quota(core, name, FIT, labels=labels)
     put_configmap(core, "gpuadm-policy", "policy.yaml", BENCH_POLICY_YAML)
     return (

@@ -28,10 +28,12 @@ from tests.support import ROOT, ServeProcess, free_port, wait_until_listening
 
 @dataclass(frozen=True)
 class Served:
-    """A server under test: where it listens, and the CA that signed its certificate."""
+    """A server under test: where it listens, and the CA that signed its certificate; with
+    several processes, `url` is the first's and `ports` are all of theirs."""
 
     url: str
     ca_file: Path
+    ports: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
@@ -49,32 +51,39 @@ def serving_gpuadm(workdir: Path) -> Iterator[Served]:
 
 
 @contextlib.contextmanager
-def serving_bare(workdir: Path) -> Iterator[Served]:
-    """Run the bare handler in `workdir` until the block ends."""
+def serving_bare(workdir: Path, *, processes: int = 1) -> Iterator[Served]:
+    """Run the bare handler in `workdir`, in `processes` processes that serve one certificate,
+    until the block ends."""
     workdir.mkdir(parents=True, exist_ok=True)
     tls = make_tls(workdir / "tls")
-    port = free_port()
-    log_path = workdir / "bare.log"
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bench.server",
-                str(port),
-                str(tls.cert_file),
-                str(tls.key_file),
-            ],
-            cwd=ROOT,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    started: list[tuple[subprocess.Popen[bytes], int]] = []
     try:
-        wait_until_listening(process, port, log_path.read_text)
-        yield Served(f"https://127.0.0.1:{port}", tls.ca_file)
+        for index in range(processes):
+            port = free_port()
+            log_path = workdir / f"bare-{index}.log"
+            with log_path.open("wb") as log:
+                process = subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "bench.server",
+                        str(port),
+                        str(tls.cert_file),
+                        str(tls.key_file),
+                    ],
+                    cwd=ROOT,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                )
+            started.append((process, port))
+            wait_until_listening(process, port, log_path.read_text)
+        ports = tuple(port for _, port in started)
+        yield Served(f"https://127.0.0.1:{ports[0]}", tls.ca_file, ports)
     finally:
-        process.terminate()
-        process.wait(timeout=10)
+        for process, _ in started:
+            process.terminate()
+        for process, _ in started:
+            process.wait(timeout=10)
 
 
 def bare_app() -> web.Application:

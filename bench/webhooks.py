@@ -11,6 +11,12 @@
   webhook costs the apiserver, and nothing else, which splits gpuadm's overhead into what
   being a webhook costs and what gpuadm does. Both are called over HTTP/1.1, like with
   like: it is the only protocol either serves.
+- The same two, served by `REPLICAS` processes behind a balancer of their own, of the same
+  kind as gpuadm's, for the namespaces that carry `NOOP_BALANCED_LABEL`: the anchor of a
+  burst through gpuadm's `REPLICAS` replicas, so that both pay for the same balancer.
+
+gpuadm's replicas run with the chart's defaults: no `--client-ca-file` (the chart's
+`clientAuth.caConfigMap` is empty by default), so the TLS handshake is the no-op's too.
 """
 
 from __future__ import annotations
@@ -45,6 +51,11 @@ NOOP_NAMES = {
     "Mutating": "mutate.noop.bench.gpuadm.io",
     "Validating": "validate.noop.bench.gpuadm.io",
 }
+NOOP_BALANCED_LABEL = "bench.gpuadm.io/noop-webhooks-balanced"
+NOOP_BALANCED_NAMES = {
+    "Mutating": "mutate.noop-balanced.bench.gpuadm.io",
+    "Validating": "validate.noop-balanced.bench.gpuadm.io",
+}
 RELAYS_ENDING_SECONDS = 0.5
 # The apiserver's own count of the calls it made to each admission webhook.
 WEBHOOK_CALLS = "apiserver_admission_webhook_admission_duration_seconds_count{"
@@ -67,8 +78,10 @@ def gpuadm_replicas(
     core = kubernetes.client.CoreV1Api(api)
     tls = make_tls(workdir / "tls")
     put_configmap(core, "gpuadm-quotas", "quotas.yaml", quotas)
-    processes = [GpuadmProcess(plane, tls, workdir, index) for index in range(REPLICAS)]
-    balancer = _balancer()
+    processes = [
+        GpuadmProcess(plane, tls, workdir, index, client_ca=False) for index in range(REPLICAS)
+    ]
+    balancer = start_balancer()
     try:
         for process in processes:
             process.start()
@@ -108,7 +121,7 @@ def gpuadm_replicas(
                 process.stop()
 
 
-def _balancer() -> KernelBalancer | RelayProcess:
+def start_balancer() -> KernelBalancer | RelayProcess:
     """Start the balancer in the kernel where the machine allows it, else the relay."""
     if KernelBalancer.available():
         remove_stale_chains()
@@ -165,17 +178,24 @@ def point_gpuadm_webhooks(
 
 
 def register_noop_webhooks(
-    api: kubernetes.client.ApiClient, served: Served, *, probe_namespace: str
+    api: kubernetes.client.ApiClient,
+    served: Served,
+    *,
+    probe_namespace: str,
+    url: str = "",
+    label: str = NOOP_LABEL,
+    names: dict[str, str] = NOOP_NAMES,
 ) -> None:
-    """Send every pod create in a namespace labelled `NOOP_LABEL` to `served`, both ways.
+    """Send every pod create in a namespace labelled `label` to `served` (at `url`, else its
+    own), both ways, through the webhook configurations `names`.
 
     Returns once a create in `probe_namespace` (which must carry the label) reaches both.
     """
     admission = kubernetes.client.AdmissionregistrationV1Api(api)
-    for kind, name in NOOP_NAMES.items():
+    for kind, name in names.items():
         configuration = {
             "metadata": {"name": name},
-            "webhooks": [noop_webhook(kind, name, served)],
+            "webhooks": [noop_webhook(kind, name, served, url=url or served.url, label=label)],
         }
         if kind == "Mutating":
             admission.create_mutating_webhook_configuration(configuration)
@@ -184,22 +204,22 @@ def register_noop_webhooks(
     core = kubernetes.client.CoreV1Api(api)
 
     def in_force() -> bool:
-        before = {name: webhook_calls(api, name) for name in NOOP_NAMES.values()}
+        before = {name: webhook_calls(api, name) for name in names.values()}
         body = pod_body({"example.com/probe": "1"})
         core.create_namespaced_pod(probe_namespace, body, dry_run="All")
-        return all(webhook_calls(api, name) > before[name] for name in NOOP_NAMES.values())
+        return all(webhook_calls(api, name) > before[name] for name in names.values())
 
-    wait_until(in_force, "the no-op webhooks in force")
+    wait_until(in_force, f"the no-op webhooks {', '.join(names.values())} in force")
 
 
-def noop_webhook(kind: str, name: str, served: Served) -> dict[str, Any]:
+def noop_webhook(kind: str, name: str, served: Served, *, url: str, label: str) -> dict[str, Any]:
     """Return one webhook of a configuration: every pod create, in labelled namespaces."""
     path = "/mutate" if kind == "Mutating" else "/validate"
     return {
         "name": name,
         "admissionReviewVersions": ["v1"],
         "clientConfig": {
-            "url": served.url + path,
+            "url": url + path,
             "caBundle": base64.b64encode(served.ca_file.read_bytes()).decode(),
         },
         "rules": [
@@ -211,7 +231,7 @@ def noop_webhook(kind: str, name: str, served: Served) -> dict[str, Any]:
                 "scope": "Namespaced",
             }
         ],
-        "namespaceSelector": {"matchLabels": {NOOP_LABEL: "true"}},
+        "namespaceSelector": {"matchLabels": {label: "true"}},
         "sideEffects": "None",
         "timeoutSeconds": 5,
         "failurePolicy": "Fail",
