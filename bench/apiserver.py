@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,7 @@ from bench.webhooks import (
     NOOP_BALANCED_LABEL,
     NOOP_BALANCED_NAMES,
     NOOP_LABEL,
+    RELAYS_ENDING_SECONDS,
     REPLICAS,
     gpuadm_replicas,
     point_gpuadm_webhooks,
@@ -144,7 +146,13 @@ def measure(*, count: int, rounds: int, churn_seconds: float) -> dict[str, Any]:
                 )
                 return {**figures, "balancer": getattr(deployment.balancer, "name", "relay")}
         finally:
-            noop_balancer.stop()
+            # As gpuadm's balancer ends: routing nowhere first, and a moment for a relay's
+            # connections to end on their own.
+            try:
+                noop_balancer.route_to([])
+                time.sleep(RELAYS_ENDING_SECONDS)
+            finally:
+                noop_balancer.stop()
 
 
 async def _measure(
@@ -173,6 +181,9 @@ async def _measure(
                 namespace = bursts[kind][round_]
                 if kind == f"noop-{REPLICAS}":
                     # As gpuadm's balanced bursts: new connections, spread over the processes.
+                    # Cutting the first process's connections cuts the straight no-op pair's
+                    # too, which that process also serves; the next burst's dry run opens
+                    # them again.
                     balancer, ports = noop_balancer
                     await asyncio.to_thread(balancer.route_to, [])
                     await asyncio.to_thread(balancer.route_to, ports)

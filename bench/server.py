@@ -83,7 +83,11 @@ def serving_bare(workdir: Path, *, processes: int = 1) -> Iterator[Served]:
         for process, _ in started:
             process.terminate()
         for process, _ in started:
-            process.wait(timeout=10)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 def bare_app() -> web.Application:

@@ -261,7 +261,7 @@ def burst_rows(api: dict[str, Any]) -> list[Row]:
     for replicas, seconds in anchors.items():
         found.append(
             context(
-                f"burst of {size}, no-op webhooks x{replicas} balanced vs x1 straight (s)",
+                f"burst of {size}, no-op x{replicas} balanced vs x1 straight (s)",
                 seconds,
                 noop,
             )

@@ -17,7 +17,7 @@ from typing import Any
 
 from policies.classes.backends.device_plugins import MigClass
 from policies.classes.class_base import ClassBase
-from policies.classes.memory_checks import halves_overflow, sized_in_shares
+from policies.classes.memory_checks import MiB, halves_overflow, sized_in_shares
 from policies.classes.models import gfd_product
 from policies.policy import Policy
 from policies.quantity import format_memory
@@ -32,7 +32,6 @@ SHARED_SUFFIX = "-SHARED"
 # A registration larger than this is not HAMi's: it is not read (a node of 16 GPUs writes
 # about 3 KiB).
 MAX_REGISTRATION = 256 * 1024
-MiB = 2**20
 # The resources of one node read at most (a node has a few dozen).
 MAX_RESOURCES = 256
 # The nodes a finding names at most; the rest are counted.

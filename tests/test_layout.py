@@ -1,6 +1,7 @@
 """The source's shape keeps the limits it was given: `policies/` shows its architecture in
 folders, each saying in one line what it holds, with at most 12 modules beside them; no
-module of the quota's room passes 350 lines, so that none grows two ideas."""
+module of the quota's room in the server (`webhook/quota/`) passes 350 lines, so that none
+grows two ideas."""
 
 from __future__ import annotations
 

@@ -34,7 +34,7 @@ def test_three_replicas_are_held_to_the_balanced_no_op_and_one_to_the_straight_o
     assert (one.value, one.anchor, one.met) == (2.2, 2.0, True)  # 1.10 <= 1.15
     three = rows[f"burst of {SIZE}, gpuadm x3 vs two no-op webhooks (s)"]
     assert (three.value, three.anchor, three.met) == (3.0, 2.5, True)  # 1.20 <= 1.25
-    balanced = rows[f"burst of {SIZE}, no-op webhooks x3 balanced vs x1 straight (s)"]
+    balanced = rows[f"burst of {SIZE}, no-op x3 balanced vs x1 straight (s)"]
     assert (balanced.value, balanced.anchor, balanced.met) == (2.5, 2.0, None)
     assert rows[f"burst admitted, noop-3 (pods of {FIT} that fit)"].met is True
 

@@ -47,7 +47,7 @@ def _unreleased(changelog: str) -> str:
     return found.group(1).strip()
 
 
-def test_a_change_after_a_release_takes_a_version_of_its_own() -> None:
+def test_a_change_after_a_release_never_takes_its_version() -> None:
     """The image's tag is the version: a change built under a release's version would share
     its tag, and a node holding the release's image (`IfNotPresent`) would keep running it.
     So once CHANGELOG.md records a change under [Unreleased], the version is a pre-release of
@@ -57,11 +57,25 @@ def test_a_change_after_a_release_takes_a_version_of_its_own() -> None:
     if _unreleased(changelog):
         assert _prerelease(version), (
             f"CHANGELOG.md records unreleased changes, but the version is {version}: "
-            "give it a pre-release suffix, such as 0.3.0-dev"
+            "give it a pre-release suffix, such as 0.3.0-rc.1"
         )
         released = re.findall(r"^## \[(\d+\.\d+\.\d+)\]", changelog, re.MULTILINE)
         newest = tuple(int(n) for n in released[0].split("."))
         assert tuple(int(n) for n in version.split("-")[0].split(".")) > newest
+
+
+@pytest.mark.parametrize(
+    ("version", "prerelease"),
+    [
+        ("0.3.0-rc.1", True),
+        ("0.3.0-dev", True),
+        ("0.2.0", False),
+        ("0.3.0-", False),
+        ("0.3-rc.1", False),
+    ],
+)
+def test_a_pre_release_is_a_release_s_version_with_a_suffix(version: str, prerelease: bool) -> None:
+    assert _prerelease(version) is prerelease
 
 
 @pytest.mark.parametrize(

@@ -32,7 +32,8 @@ def test_the_h200_is_as_measured_on_a_real_one() -> None:
     }
 
 
-# Every MIG-capable data-centre GPU, with the profile that takes the whole GPU.
+# The MIG-capable data-centre GPUs whose profiles the catalogue holds, each with the profile
+# that takes the whole GPU.
 MIG_CAPABLE = {
     "NVIDIA A30": "4g.24gb",
     "NVIDIA A100-SXM4-40GB": "7g.40gb",

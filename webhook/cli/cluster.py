@@ -50,8 +50,21 @@ def call(api: AsyncApi, work: Coroutine[Any, Any, T]) -> T:
         raise plainly(error, api.endpoint) from None
 
 
-async def _read_configmap(api: AsyncApi, namespace: str, name: str) -> dict[str, Any] | None:
-    """Read one of gpuadm's ConfigMaps by name; a refusal says which grant a tenant lacks."""
+# What to do when the apiserver refuses a read of gpuadm's ConfigMaps: a tenant's command
+# needs only those two, which the chart grants by name; an admin's reads the whole namespace.
+TENANT_GRANT = (
+    "ask your admin to turn on the chart's tenantAccess.readConfig for you (docs/tenants.md)"
+)
+ADMIN_GRANT = (
+    "this command reads gpuadm's namespace as an admin does: run it with an admin's kubeconfig "
+    "(docs/operations.md)"
+)
+
+
+async def _read_configmap(
+    api: AsyncApi, namespace: str, name: str, when_forbidden: str
+) -> dict[str, Any] | None:
+    """Read one of gpuadm's ConfigMaps by name; a refusal says which grant is missing."""
     from webhook.kube.errors import KubeError
 
     try:
@@ -60,14 +73,16 @@ async def _read_configmap(api: AsyncApi, namespace: str, name: str) -> dict[str,
         if error.status != HTTPStatus.FORBIDDEN:
             raise
         raise CommandError(
-            f"you may not read ConfigMap {namespace}/{name} ({error}): ask your admin to turn on "
-            "the chart's tenantAccess.readConfig for you (docs/tenants.md)"
+            f"you may not read ConfigMap {namespace}/{name} ({error}): {when_forbidden}"
         ) from None
 
 
-async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
+async def cluster_config(
+    api: AsyncApi, namespace: str, *, when_forbidden: str = ADMIN_GRANT
+) -> ConfigSnapshot:
     """Read gpuadm's policy and quotas from its ConfigMaps in `namespace`, as `serve` reads
-    them; raise `CommandError` saying what is missing or invalid."""
+    them; raise `CommandError` saying what is missing or invalid, and, if the reads are
+    refused, `when_forbidden`."""
     from policies import ConfigError
     from webhook.config.configmap_source import POLICY_KEY, POLICY_MAP, QUOTAS_KEY, QUOTAS_MAP
     from webhook.config.read_budget import read_within
@@ -75,7 +90,10 @@ async def cluster_config(api: AsyncApi, namespace: str) -> ConfigSnapshot:
 
     # Each by name: a tenant may be granted get on exactly these two (the chart's
     # tenantAccess.readConfig), never a list of the namespace's usage records.
-    maps = {name: await _read_configmap(api, namespace, name) for name in (POLICY_MAP, QUOTAS_MAP)}
+    maps = {
+        name: await _read_configmap(api, namespace, name, when_forbidden)
+        for name in (POLICY_MAP, QUOTAS_MAP)
+    }
     if maps[POLICY_MAP] is None:
         raise CommandError(f"no ConfigMap {POLICY_MAP} in namespace {namespace}: is gpuadm there?")
     if maps[QUOTAS_MAP] is None:

@@ -61,7 +61,7 @@ def add_gpuadm_namespace(parser: argparse.ArgumentParser, *, has_tenant: bool = 
     """Add --gpuadm-namespace, gpuadm's own namespace. `-n` is always a tenant's namespace;
     the old spelling `--namespace` of commands that have no tenant (`has_tenant`) still
     works, and warns."""
-    default = os.environ.get("POD_NAMESPACE", DEFAULT_NAMESPACE)
+    default = os.environ.get("POD_NAMESPACE") or DEFAULT_NAMESPACE
     parser.add_argument(
         "--gpuadm-namespace",
         default=default,

@@ -311,13 +311,24 @@ class _Cluster:
     its GPUQuota objects say it holds and reserves, as the webhook counts it."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from webhook.cli.cluster import call, cluster_api, cluster_config
+        from webhook.cli.cluster import TENANT_GRANT, call, cluster_api, cluster_config
         from webhook.kube.errors import KubeError
+        from webhook.kube.rest import GPUADM_API
 
         self._call = call
         try:
             self._api = cluster_api(args)
-            self.config = call(self._api, cluster_config(self._api, args.gpuadm_namespace))
+            self.config = call(
+                self._api,
+                cluster_config(self._api, args.gpuadm_namespace, when_forbidden=TENANT_GRANT),
+            )
+            # Without the CRD every GPUQuota reads as absent: no reading of what is held.
+            if not call(self._api, self._api.serves_quota_api()):
+                raise CommandError(
+                    f"the cluster serves no GPUQuota API ({GPUADM_API.removeprefix('/apis/')}): "
+                    "what namespaces hold cannot be read; install gpuadm's CRD "
+                    "(docs/operations.md)"
+                )
         except KubeError as error:
             raise CommandError(str(error)) from None
         self._held: dict[str, dict[str, Fraction]] = {}
@@ -337,14 +348,7 @@ class _Cluster:
 
     async def _read(self, namespace: str) -> dict[str, Fraction]:
         from policies.quantity import QuantityError, parse_quantity
-        from webhook.kube.rest import GPUADM_API
 
-        if not await self._api.serves_quota_api():
-            # Without the CRD every object reads as absent: that is no reading of what is held.
-            raise CommandError(
-                f"the cluster serves no GPUQuota API ({GPUADM_API.removeprefix('/apis/')}): "
-                "what namespaces hold cannot be read; install gpuadm's CRD (docs/operations.md)"
-            )
         held: dict[str, Fraction] = {}
         for class_name in self.config.policy.classes:
             found = await self._api.get_quota_status(namespace, class_name)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from packaging.version import Version
 
 from tests.support import ROOT
 from tests.webhook.cli.apiserver import fake_apiserver
@@ -31,7 +32,8 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--version"])
     assert exited.value.code == 0
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert capsys.readouterr().out == f"gpuadm {project['version']}\n"
+    # The installed package's version, as the build wrote it: `0.3.0-rc.1` becomes `0.3.0rc1`.
+    assert capsys.readouterr().out == f"gpuadm {Version(project['version'])}\n"
 
 
 def test_the_kubectl_plugin_is_the_same_command_under_kubectl_s_name() -> None:
@@ -125,6 +127,16 @@ def test_gpuadm_s_own_namespace_has_its_own_flag(
     captured = capsys.readouterr()
     assert "gpuadm.gpu-adm.svc" in captured.out
     assert "warning" not in captured.err
+
+
+def test_an_empty_pod_namespace_means_gpuadm_s_default(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("POD_NAMESPACE", "")
+    out = tmp_path / "tls"
+    assert main(["certs", "generate", "--out", str(out)]) == 0
+    assert main(["certs", "show", "--dir", str(out)]) == 0
+    assert "gpuadm.gpuadm-system.svc" in capsys.readouterr().out
 
 
 def test_the_old_namespace_flag_still_works_and_warns(
@@ -373,6 +385,21 @@ def test_review_from_the_cluster_counts_what_the_namespace_holds_and_reserves(
         args = ["review", str(pod), "--from-cluster", "--kubeconfig", str(kubeconfig)]
         assert main(args) == code
     assert said in capsys.readouterr().out
+
+
+def test_review_from_the_cluster_refused_the_config_names_the_tenants_grant(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.webhook.cli.apiserver import write_kubeconfig
+
+    with fake_apiserver() as apiserver:
+        apiserver.objects["/api/v1/namespaces/gpuadm-system/configmaps"] = _config_maps()
+        apiserver.forbidden.add("/api/v1/namespaces/gpuadm-system/configmaps/gpuadm-policy")
+        kubeconfig = write_kubeconfig(tmp_path / "kubeconfig", apiserver.url)
+        assert main(["review", JOB, "--from-cluster", "--kubeconfig", str(kubeconfig)]) == 2
+    assert capsys.readouterr().err.endswith(
+        "ask your admin to turn on the chart's tenantAccess.readConfig for you (docs/tenants.md)\n"
+    )
 
 
 def test_review_from_a_cluster_without_the_gpuquota_crd_says_so(

@@ -451,7 +451,7 @@ def test_without_gpuadm_s_config_the_command_says_so(
     )
 
 
-def test_a_config_map_the_user_may_not_read_names_the_grant_they_lack(
+def test_an_admin_s_command_refused_a_config_map_says_it_needs_an_admin(
     apiserver: FakeApiserver, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     apiserver.forbidden.add(f"{CONFIGMAPS}/gpuadm-quotas")
@@ -459,8 +459,8 @@ def test_a_config_map_the_user_may_not_read_names_the_grant_they_lack(
     assert main(["usage", "--kubeconfig", kubeconfig]) == 2
     assert capsys.readouterr().err == (
         "gpuadm: you may not read ConfigMap gpuadm-system/gpuadm-quotas (403: configmaps "
-        '"gpuadm-quotas" is forbidden): ask your admin to turn on the chart\'s '
-        "tenantAccess.readConfig for you (docs/tenants.md)\n"
+        '"gpuadm-quotas" is forbidden): this command reads gpuadm\'s namespace as an admin '
+        "does: run it with an admin's kubeconfig (docs/operations.md)\n"
     )
 
 
