@@ -14,6 +14,9 @@ the answer, with exactly the semantics of `next_releases`:
 - so a walk visits, per class, the pods that fit now (those the leader has yet to release)
   and at most one that does not, plus the pods left out as charged already (`excluded`).
 
+A gang is decided whole when the walk meets its first pod (`decide_gang`), from the index's
+list of its members: its other pods are not visited again.
+
 How many wait ahead of a pod is a count of the pods before it (a bisection per class) less
 those the walk released. In the steady state (the leader has released whatever fits), an
 admission costs O(k log n) for k classes and n waiting pods. Adding or removing a pod is a
@@ -25,11 +28,11 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left, bisect_right, insort
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies.quota.judge import judge, never_fits
-from policies.quota.queue import Place, Waiting, take_if_fits
+from policies.quota.queue import Gangs, Place, Waiting, decide_gang, take_if_fits
 from policies.quota.quotas import ALL_CLASSES, limits_on
 
 # (-priority, created, name, uid): line order, the uid telling apart pods of one name.
@@ -78,6 +81,8 @@ class Walk:
     blocked: Mapping[str, str]
     # False when the walk stopped at its `most` releases: more pods may fit.
     complete: bool
+    # The gangs the walk met that wait, with why.
+    gangs: Mapping[str, str] = field(default_factory=dict)
 
 
 class Line:
@@ -86,15 +91,21 @@ class Line:
     def __init__(self, pods: Iterable[Waiting] = ()) -> None:
         self._pods: dict[str, Waiting] = {}
         self._classes: dict[str, _ClassLine] = {}
+        # Gang -> the keys of its pods in line, sorted.
+        self._gangs: dict[str, list[Key]] = {}
         for pod in pods:  # built sorted at once, not inserted one by one
             self._pods[pod.uid] = pod
         for pod in self._pods.values():
             entry = self._classes.setdefault(pod.class_name, _ClassLine())
             entry.fit.append(key_of(pod))
             entry.oldest.append((pod.created, pod.uid))
+            if pod.gang:
+                self._gangs.setdefault(pod.gang, []).append(key_of(pod))
         for entry in self._classes.values():
             entry.fit.sort()
             entry.oldest.sort()
+        for members in self._gangs.values():
+            members.sort()
 
     def __len__(self) -> int:
         return len(self._pods)
@@ -115,6 +126,8 @@ class Line:
         cap = entry.cap
         insort(entry.never if cap is not None and pod.charge > cap else entry.fit, key_of(pod))
         insort(entry.oldest, (pod.created, pod.uid))
+        if pod.gang:
+            insort(self._gangs.setdefault(pod.gang, []), key_of(pod))
 
     def remove(self, uid: str) -> None:
         """Take a pod out of line, if it is in it."""
@@ -132,6 +145,11 @@ class Line:
         del entry.oldest[at]
         if not entry:
             del self._classes[pod.class_name]
+        if pod.gang:
+            members = self._gangs[pod.gang]
+            del members[bisect_left(members, key)]
+            if not members:
+                del self._gangs[pod.gang]
 
     def ordered(self) -> Iterator[Waiting]:
         """Yield the pods in line order."""
@@ -160,6 +178,11 @@ class Line:
         """Return, per class, how many pods wait and the creation time of the oldest."""
         return {name: (len(e), e.oldest[0][0]) for name, e in self._classes.items()}
 
+    def gangs(self) -> dict[str, list[Waiting]]:
+        """Return the gangs in line, each with its pods in line order."""
+        pods = self._pods
+        return {gang: [pods[key[3]] for key in keys] for gang, keys in self._gangs.items()}
+
     def present(self, uids: Iterable[str]) -> set[str]:
         """Return those of `uids` that are in line."""
         pods = self._pods
@@ -176,16 +199,21 @@ class Line:
         until: Order | None = None,
         most: int | None = None,
         held: Mapping[str, str] | None = None,
+        gangs: Gangs | None = None,
     ) -> Walk:
         """Decide the line from its head as `next_releases` would, visiting only the pods
         that may change what it decides.
 
         `excluded`: pods of the line left out (charged already). `extras`: pods not in the
         index that join the line, after any of the index's pods of the same order. `until`:
-        stop after the pods of this order. `most`: stop after releasing this many. `held`:
+        stop after the pods of this order. `most`: stop after releasing this many (a gang
+        goes whole: it is released past `most` only as the walk's first release). `held`:
         classes that wait whatever their limits say (a GPU-hour budget spent), with why.
+        `gangs`: what is known of the line's gangs (None: nothing, as at admission).
         """
         held = held or {}
+        decided: dict[str, str] = {}  # gangs met that wait -> why
+        gone: set[str] = set()  # gangs released whole
         self._sort_for(limits)
         used = dict(in_use)
         blocked: dict[str, str] = {}
@@ -216,6 +244,38 @@ class Line:
                     continue
             else:
                 pod = ordered_extras[rank - 1]
+            if pod.gang:
+                if pod.gang in decided or pod.gang in gone:
+                    if rank == 0:
+                        self._push(heap, cursors, source, bound)
+                    continue
+                members = self._members_of(pod.gang, excluded, ordered_extras)
+                charged = len(self._gangs.get(pod.gang, ())) - sum(
+                    1 for p in members if p.uid in self._pods
+                )
+                after, marked = dict(used), dict(blocked)
+                why = decide_gang(
+                    namespace, pod.gang, members, charged, after, limits, marked, held, gangs
+                )
+                over = most is not None and len(released) + len(members) > most
+                if why is None and released and over:
+                    complete = False
+                    break  # the gang goes whole, first of the next walk
+                used, blocked = after, marked
+                if why is None:
+                    gone.add(pod.gang)
+                    released.extend(members)
+                    if most is not None and len(released) >= most:
+                        complete = False
+                        break
+                else:
+                    decided[pod.gang] = why
+                    if ALL_CLASSES in blocked:
+                        break  # every pod counts against the cap: all wait now
+                keys_of_pod = limits_on(pod.class_name, limits)
+                if rank == 0 and not any(key in blocked for key in keys_of_pod):
+                    self._push(heap, cursors, source, bound)
+                continue
             if pod.class_name in held:
                 continue  # its class waits for its budget, whatever its place
             keys_of_pod = limits_on(pod.class_name, limits)
@@ -234,7 +294,22 @@ class Line:
                 break  # every pod counts against the cap: all wait now
             if rank == 0 and not any(key in blocked for key in keys_of_pod):
                 self._push(heap, cursors, source, bound)
-        return Walk(tuple(released), used, blocked, complete)
+        return Walk(tuple(released), used, blocked, complete, decided)
+
+    def _members_of(
+        self, gang: str, excluded: Collection[str], extras: Sequence[Waiting]
+    ) -> list[Waiting]:
+        """Return the waiting pods of a gang that the walk judges: those of the index not
+        left out, and those of `extras`, in line order (an extra after the index's pods of
+        its order)."""
+        pods = self._pods
+        found = [
+            (pods[key[3]].order(), 0, pods[key[3]])
+            for key in self._gangs.get(gang, ())
+            if key[3] not in excluded
+        ]
+        found += [(pod.order(), 1 + at, pod) for at, pod in enumerate(extras) if pod.gang == gang]
+        return [pod for _, _, pod in sorted(found, key=lambda each: each[:2])]
 
     def _push(
         self,
@@ -258,13 +333,26 @@ class Line:
         excluded: Collection[str] = (),
         extras: Sequence[Waiting] = (),
         held: Mapping[str, str] | None = None,
+        gangs: Gangs | None = None,
     ) -> Place | None:
         """Return where `pod` stands if it joins the line after the pods of its order (or
         stands where it is, if it is in line): None if a pass would release it now, else its
         place, as `next_releases` would say. `excluded` must hold only pods of the line
-        (`present`): they are counted out one by one. `held`: as `walk` takes it."""
-        order = pod.order()
+        (`present`): they are counted out one by one. `held`, `gangs`: as `walk` takes
+        them. A pod of a gang stands where its gang does: at its first pod waiting."""
         held = held or {}
+        if pod.gang:
+            return self._place_in_gang(
+                namespace,
+                pod,
+                in_use,
+                limits,
+                excluded=excluded,
+                extras=extras,
+                held=held,
+                gangs=gangs,
+            )
+        order = pod.order()
         walked = self.walk(
             namespace,
             in_use,
@@ -273,6 +361,7 @@ class Line:
             extras=extras,
             until=order,
             held=held,
+            gangs=gangs,
         )
         keys = limits_on(pod.class_name, limits)
         never = never_fits(
@@ -310,7 +399,74 @@ class Line:
             if other is not None and counts(other) and other.order() <= order:
                 ahead -= 1
         ahead += sum(1 for other in extras if counts(other) and other.order() <= order)
-        ahead -= sum(1 for other in walked.released if counts(other))
+        ahead -= sum(1 for other in walked.released if counts(other) and other.order() <= order)
+        return Place(pod, ahead, reason)
+
+    def _place_in_gang(
+        self,
+        namespace: str,
+        pod: Waiting,
+        in_use: Mapping[str, Fraction],
+        limits: Mapping[str, Fraction],
+        *,
+        excluded: Collection[str],
+        extras: Sequence[Waiting],
+        held: Mapping[str, str],
+        gangs: Gangs | None,
+    ) -> Place | None:
+        """`place` for a pod of a gang: the gang is decided as a walk meets it, the pod
+        among its members, and the pod stands where the gang's first pod does."""
+        others = set(excluded) - {pod.uid} if pod.uid in excluded else excluded
+        joining = [*extras, pod] if pod.uid not in self._pods else list(extras)
+        walked = self.walk(
+            namespace,
+            in_use,
+            limits,
+            excluded=others,
+            extras=joining,
+            until=pod.order(),
+            held=held,
+            gangs=gangs,
+        )
+        if any(other.uid == pod.uid for other in walked.released):
+            return None
+        members = self._members_of(pod.gang, others, joining)
+        reason = walked.gangs.get(pod.gang)
+        if reason is None:  # its first pod was never met: its class waits, or never fits
+            charged = len(self._gangs.get(pod.gang, ())) - sum(
+                1 for p in members if p.uid in self._pods
+            )
+            reason = decide_gang(
+                namespace,
+                pod.gang,
+                members,
+                charged,
+                dict(walked.used),
+                limits,
+                dict(walked.blocked),
+                held,
+                gangs,
+            )
+            if reason is None:  # cannot be: a gang the walk did not meet waits
+                return None
+        head = members[0]
+        order = head.order()
+        everyone = ALL_CLASSES in limits
+
+        def counts(other: Waiting) -> bool:
+            return everyone or other.class_name == head.class_name
+
+        bound = (*order, _LAST)
+        entries = self._classes.values() if everyone else [self._classes.get(head.class_name)]
+        ahead = sum(bisect_left(e.fit, bound) + bisect_left(e.never, bound) for e in entries if e)
+        for uid in _Either(others, head.uid):
+            other = self._pods.get(uid)
+            if other is not None and counts(other) and other.order() <= order:
+                ahead -= 1
+        ahead += sum(
+            1 for other in joining if other is not head and counts(other) and other.order() <= order
+        )
+        ahead -= sum(1 for other in walked.released if counts(other) and other.order() <= order)
         return Place(pod, ahead, reason)
 
     def _sort_for(self, limits: Mapping[str, Fraction]) -> None:

@@ -31,6 +31,8 @@ POD_GROUP_APIS = {
     "volcano": "scheduling.volcano.sh",
     "kai": "scheduling.run.ai",
 }
+# The Job a pod's controller reference names, whose spec sizes its gang.
+JOB_API_VERSION = "batch/v1"
 # A gang larger than this is not a gang any scheduler would place whole: read as a mistake.
 MAX_GANG_SIZE = 10_000
 
@@ -43,6 +45,11 @@ class Gang:
     source: str
     name: str
     size: int | None
+
+    @property
+    def key(self) -> str:
+        """Return what tells this gang from the others of its namespace: its form and name."""
+        return f"{self.source}/{self.name}"
 
     def describe(self) -> str:
         """Say which gang this is, as a message names it."""
@@ -111,6 +118,48 @@ def named_group(
         if size is not None:
             raise GangError(f"{size_key} is set without {name_key}")
     return None
+
+
+def pod_gang(metadata: Mapping[str, Any]) -> Gang | None:
+    """Return the gang a pod is a member of, from the pod alone; None if it is in none.
+
+    A group its labels or annotations name comes first (`named_group`): Kueue's and gpuadm's
+    forms carry the size, a PodGroup's size is its object's, not at hand here. Else a pod
+    whose controller is a Job (`batch/v1`) is in that Job's gang, sized by the Job's spec
+    (`job_gang_size`), never by the pod. Raises `GangError` as `named_group` does.
+    """
+    gang = named_group(metadata, {})
+    if gang is not None:
+        return gang
+    owners = metadata.get("ownerReferences")
+    for owner in owners if isinstance(owners, list) else ():
+        if (
+            isinstance(owner, Mapping)
+            and owner.get("controller") is True
+            and owner.get("kind") == "Job"
+            and owner.get("apiVersion") == JOB_API_VERSION
+            and owner.get("name")
+        ):
+            return Gang("job", str(owner["name"]), None)
+    return None
+
+
+def job_gang_size(job: Mapping[str, Any]) -> int:
+    """Return how many pods of a Job must run together: its `parallelism` (1 if absent),
+    no more than the completions it still needs (`completions` less `status.succeeded`), so
+    that the last pods of a Job are never held for partners it will not make. At least 1."""
+    spec = job.get("spec")
+    spec = spec if isinstance(spec, Mapping) else {}
+    status = job.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    parallelism = spec.get("parallelism")
+    size = parallelism if isinstance(parallelism, int) and not isinstance(parallelism, bool) else 1
+    completions = spec.get("completions")
+    if isinstance(completions, int) and not isinstance(completions, bool):
+        succeeded = status.get("succeeded")
+        done = succeeded if isinstance(succeeded, int) and not isinstance(succeeded, bool) else 0
+        size = min(size, completions - done)
+    return max(1, min(size, MAX_GANG_SIZE))
 
 
 def _size(value: object, what: str) -> int:

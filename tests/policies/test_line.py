@@ -13,13 +13,18 @@ from policies.quota import line as line_module
 from policies.quota import queue as queue_module
 from policies.quota.judge import judge
 from policies.quota.line import Line, key_of
-from policies.quota.queue import Waiting, in_line_order, next_releases
+from policies.quota.queue import Gangs, Waiting, in_line_order, next_releases
 from policies.quota.quotas import ALL_CLASSES
 
 CLASSES = ["a100", "t4", "h100"]
 
 
-def waiting(name: str, class_name: str, charge: F, priority: int, second: int) -> Waiting:
+GANGS = ["job/g1", "gpuadm/g2"]
+
+
+def waiting(
+    name: str, class_name: str, charge: F, priority: int, second: int, gang: str = ""
+) -> Waiting:
     return Waiting(
         uid=f"uid-{name}",
         namespace="team-q",
@@ -28,6 +33,7 @@ def waiting(name: str, class_name: str, charge: F, priority: int, second: int) -
         charge=charge,
         priority=priority,
         created=f"2026-01-01T00:00:{second:02d}Z",
+        gang=gang,
     )
 
 
@@ -37,9 +43,54 @@ pods = st.lists(
         st.integers(min_value=1, max_value=30).map(lambda tenths: F(tenths, 10)),
         st.integers(min_value=-1, max_value=2),
         st.integers(min_value=0, max_value=5),
+        st.sampled_from(["", "", "", *GANGS]),
     ),
     max_size=25,
 )
+# What the leader knows of the gangs: a size (or none), pods running, the namespace's order.
+gang_views = st.builds(
+    lambda sizes, running, strict: Gangs(sizes, running, strict),
+    st.dictionaries(st.sampled_from(GANGS), st.integers(min_value=1, max_value=6)),
+    st.dictionaries(st.sampled_from(GANGS), st.integers(min_value=0, max_value=3)),
+    st.booleans(),
+)
+knowledge = st.one_of(st.none(), gang_views)
+
+
+def charged_counted(gangs: Gangs | None, charged: list[Waiting]) -> Gangs | None:
+    """The reference is given the line less the pods charged already: count them as running."""
+    if gangs is None:
+        return None
+    running = dict(gangs.running)
+    for pod in charged:
+        if pod.gang:
+            running[pod.gang] = running.get(pod.gang, 0) + 1
+    return Gangs(gangs.sizes, running, gangs.strict)
+
+
+def units(released: tuple[Waiting, ...]) -> list[list[Waiting]]:
+    """Split released pods into what goes together: a gang's pods, or one pod."""
+    found: list[list[Waiting]] = []
+    for pod in released:
+        if pod.gang and found and found[-1][0].gang == pod.gang:
+            found[-1].append(pod)
+        else:
+            found.append([pod])
+    return found
+
+
+def bounded_by(released: tuple[Waiting, ...], most: int) -> tuple[Waiting, ...]:
+    """What a walk bounded to `most` releases: whole units, the first one even if larger."""
+    taken: list[Waiting] = []
+    for unit in units(released):
+        if taken and len(taken) + len(unit) > most:
+            break
+        taken += unit
+        if len(taken) >= most:
+            break
+    return tuple(taken)
+
+
 limit_sets = st.dictionaries(
     st.sampled_from(["a100", "t4", ALL_CLASSES]),
     st.integers(min_value=0, max_value=40).map(lambda tenths: F(tenths, 10)),
@@ -50,7 +101,7 @@ usages = st.dictionaries(
 )
 
 
-def build(drawn: list[tuple[str, F, int, int]], prefix: str) -> list[Waiting]:
+def build(drawn: list[tuple[str, F, int, int, str]], prefix: str) -> list[Waiting]:
     return [waiting(f"{prefix}{i:02d}", *each) for i, each in enumerate(drawn)]
 
 
@@ -61,14 +112,16 @@ def build(drawn: list[tuple[str, F, int, int]], prefix: str) -> list[Waiting]:
     usages,
     limit_sets,
     st.sets(st.integers(min_value=0, max_value=24)),
+    knowledge,
     st.data(),
 )
 def test_a_place_in_the_index_is_the_place_the_sort_gives(
-    indexed: list[tuple[str, F, int, int]],
-    extra: list[tuple[str, F, int, int]],
+    indexed: list[tuple[str, F, int, int, str]],
+    extra: list[tuple[str, F, int, int, str]],
     in_use: dict[str, F],
     limits: dict[str, F],
     left_out: set[int],
+    gangs: Gangs | None,
     data: st.DataObject,
 ) -> None:
     line_pods = build(indexed, "p")
@@ -86,8 +139,10 @@ def test_a_place_in_the_index_is_the_place_the_sort_gives(
     else:
         me = waiting("me", *data.draw(pods.filter(bool))[0])
     rest = [p for p in line_pods if p.uid not in excluded and p.uid != me.uid]
-    expected = next_releases("team-q", [*rest, *extras, me], in_use, limits)
-    place = index.place("team-q", me, in_use, limits, excluded=excluded, extras=extras)
+    charged = [p for p in line_pods if p.uid in excluded and p.uid != me.uid]
+    known = charged_counted(gangs, charged)
+    expected = next_releases("team-q", [*rest, *extras, me], in_use, limits, known)
+    place = index.place("team-q", me, in_use, limits, excluded=excluded, extras=extras, gangs=gangs)
     if any(p.uid == me.uid for p in expected.released):
         assert place is None
     else:
@@ -95,34 +150,47 @@ def test_a_place_in_the_index_is_the_place_the_sort_gives(
         assert place == wanted
 
 
-@settings(max_examples=300)
-@given(pods, usages, limit_sets, st.sets(st.integers(min_value=0, max_value=24)), st.data())
+@settings(max_examples=400)
+@given(
+    pods,
+    usages,
+    limit_sets,
+    st.sets(st.integers(min_value=0, max_value=24)),
+    knowledge,
+    st.data(),
+)
 def test_a_walk_releases_what_the_sort_releases_and_stops_at_its_bound(
-    indexed: list[tuple[str, F, int, int]],
+    indexed: list[tuple[str, F, int, int, str]],
     in_use: dict[str, F],
     limits: dict[str, F],
     left_out: set[int],
+    gangs: Gangs | None,
     data: st.DataObject,
 ) -> None:
     line_pods = build(indexed, "p")
     index = Line(line_pods)
     excluded = {line_pods[i].uid for i in left_out if i < len(line_pods)}
+    charged = [p for p in line_pods if p.uid in excluded]
     expected = next_releases(
-        "team-q", [p for p in line_pods if p.uid not in excluded], in_use, limits
+        "team-q",
+        [p for p in line_pods if p.uid not in excluded],
+        in_use,
+        limits,
+        charged_counted(gangs, charged),
     )
-    walked = index.walk("team-q", in_use, limits, excluded=excluded)
+    walked = index.walk("team-q", in_use, limits, excluded=excluded, gangs=gangs)
     assert walked.released == expected.released
     assert walked.complete
     most = data.draw(st.integers(min_value=1, max_value=5))
-    bounded = index.walk("team-q", in_use, limits, excluded=excluded, most=most)
-    assert bounded.released == expected.released[:most]
+    bounded = index.walk("team-q", in_use, limits, excluded=excluded, most=most, gangs=gangs)
+    assert bounded.released == bounded_by(expected.released, most)
     # Stopped at its bound, it says more may fit; else it went as far as the sort.
     assert bounded.complete is (len(expected.released) < most)
 
 
 @given(pods, st.data())
 def test_the_index_keeps_line_order_as_pods_come_and_go(
-    drawn: list[tuple[str, F, int, int]], data: st.DataObject
+    drawn: list[tuple[str, F, int, int, str]], data: st.DataObject
 ) -> None:
     line_pods = build(drawn, "p")
     index = Line()

@@ -7,7 +7,15 @@ from typing import Any
 
 import pytest
 
-from policies.workloads import Gang, GangError, min_member, pod_group_key, pod_sets
+from policies.workloads import (
+    Gang,
+    GangError,
+    job_gang_size,
+    min_member,
+    pod_gang,
+    pod_group_key,
+    pod_sets,
+)
 
 SPEC = {"containers": [{"name": "main", "image": "x"}]}
 
@@ -410,3 +418,77 @@ def test_a_template_named_by_many_aliases_is_walked_once() -> None:
     assert [(s.where, s.count) for s in found] == [
         ("spec.nested[0][0][0][0][0][0][0][0].template", 1)
     ]
+
+
+# --- the gang of a pod, as admission and the line read it ------------------------------------
+
+
+def _job_owner(**changes: object) -> dict[str, object]:
+    owner: dict[str, object] = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "name": "train",
+        "uid": "u1",
+        "controller": True,
+    }
+    return {**owner, **changes}
+
+
+@pytest.mark.parametrize(
+    ("metadata", "gang"),
+    [
+        pytest.param({"ownerReferences": [_job_owner()]}, Gang("job", "train", None), id="job"),
+        pytest.param(
+            {"ownerReferences": [_job_owner(controller=False)]}, None, id="not-its-controller"
+        ),
+        pytest.param(
+            {"ownerReferences": [_job_owner(apiVersion="example.com/v1")]}, None, id="not-batch"
+        ),
+        pytest.param({"ownerReferences": [_job_owner(kind="ReplicaSet")]}, None, id="a-replicaset"),
+        pytest.param(
+            {
+                "ownerReferences": [_job_owner()],
+                "labels": {"scheduling.x-k8s.io/pod-group": "pg"},
+            },
+            Gang("coscheduling", "pg", None),
+            id="a-named-group-comes-before-its-job",
+        ),
+        pytest.param(
+            {"annotations": {"gpuadm.io/gang": "g", "gpuadm.io/gang-size": "4"}},
+            Gang("gpuadm", "g", 4),
+            id="gpuadm",
+        ),
+        pytest.param({"ownerReferences": "nonsense"}, None, id="owners-not-a-list"),
+        pytest.param({}, None, id="none"),
+    ],
+)
+def test_the_gang_of_a_pod(metadata: dict[str, object], gang: Gang | None) -> None:
+    assert pod_gang(metadata) == gang
+    if gang is not None:
+        assert gang.key == f"{gang.source}/{gang.name}"
+
+
+@pytest.mark.parametrize(
+    ("job", "size"),
+    [
+        pytest.param({"spec": {"parallelism": 3}}, 3, id="parallelism"),
+        pytest.param({"spec": {}}, 1, id="one-by-default"),
+        pytest.param(
+            {"spec": {"parallelism": 3, "completions": 2}}, 2, id="bounded-by-completions"
+        ),
+        pytest.param(
+            {"spec": {"parallelism": 3, "completions": 10}, "status": {"succeeded": 8}},
+            2,
+            id="the-last-pods-wait-for-no-partner-the-job-will-not-make",
+        ),
+        pytest.param(
+            {"spec": {"parallelism": 3, "completions": 3}, "status": {"succeeded": 3}},
+            1,
+            id="at-least-one",
+        ),
+        pytest.param({"spec": {"parallelism": True}}, 1, id="a-bool-is-no-count"),
+        pytest.param({"spec": {"parallelism": 10**9}}, 10_000, id="bounded"),
+    ],
+)
+def test_a_job_gang_size(job: dict[str, object], size: int) -> None:
+    assert job_gang_size(job) == size
