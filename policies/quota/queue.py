@@ -307,7 +307,7 @@ def decide_gang(
 def _not_whole(key: str, here: int, gangs: Gangs | None) -> str | None:
     """Say why a gang is not whole yet (None: it is), with `here` of its pods in line."""
     if gangs is None:
-        return "the leader has yet to count its pods"
+        return "is a gang: its pods go together, once all of them are there and fit"
     if key in gangs.unknown:
         return gangs.unknown[key]
     size = gangs.sizes.get(key)

@@ -30,8 +30,11 @@ ALL_CLASSES = "*"
 # enforce: refuse what does not fit; warn: admit it with a warning; queue: hold it behind a
 # scheduling gate until it fits (policies/quota/queue.py).
 Mode = Literal["enforce", "warn", "queue"]
+# How a queue namespace's line treats a gang not yet whole: besteffort lets smaller work pass
+# it, strict lets nothing pass it (policies/quota/queue.py).
+Queueing = Literal["besteffort", "strict"]
 # Keys of a namespace's entry that are not limits.
-ENTRY_KEYS = ("defaultClass", "mode", "budget")
+ENTRY_KEYS = ("defaultClass", "mode", "queueing", "budget")
 # The key of a namespace's entry, and of `default`, that holds its GPU-hour budgets.
 BUDGET_KEY = "budget"
 
@@ -105,6 +108,7 @@ class Terms(NamedTuple):
     default_class: str | None
     # GPU-hour budgets per class (and `*`): `policies.quota.gpu_hours`.
     budgets: Mapping[str, Budget] = {}
+    queueing: Queueing = "besteffort"
 
 
 def _entry_in_file(schema: dict[str, Any]) -> None:
@@ -128,6 +132,7 @@ class NamespaceQuota(Model):
 
     default_class: str | None = None
     mode: Mode | None = None
+    queueing: Queueing | None = None
     budget: dict[str, BudgetSpec] = Field(default_factory=dict)
     limits: dict[str, Limit] = Field(default_factory=dict)
 
@@ -150,6 +155,7 @@ class QuotaConfig(Model):
     model_config = ConfigDict(json_schema_extra=_config_in_file)
 
     mode: Mode = "enforce"
+    queueing: Queueing = "besteffort"
     default: dict[str, Limit] = Field(default_factory=dict)
     # `default.budget` in the file: the budgets of namespaces without an entry.
     default_budget: dict[str, BudgetSpec] = Field(default_factory=dict)
@@ -241,7 +247,7 @@ class QuotaConfig(Model):
 
     @cached_property
     def _default_terms(self) -> Terms:
-        return Terms(self.default, self.mode, None, self.default_budget)
+        return Terms(self.default, self.mode, None, self.default_budget, self.queueing)
 
     @cached_property
     def _terms(self) -> dict[str, Terms]:
@@ -252,6 +258,7 @@ class QuotaConfig(Model):
                 entry.mode if entry.mode is not None else self.mode,
                 entry.default_class,
                 entry.budget,
+                entry.queueing if entry.queueing is not None else self.queueing,
             )
             for namespace, entry in self.namespaces.items()
         }

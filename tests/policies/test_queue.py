@@ -595,3 +595,32 @@ def test_invalid_modes_are_refused_with_the_field_and_value(text: str, expected:
     with pytest.raises(ConfigError) as error:
         load_quotas(text)
     assert any(expected in problem for problem in error.value.problems), error.value.problems
+
+
+@pytest.mark.parametrize(
+    ("text", "namespace", "queueing"),
+    [
+        pytest.param("namespaces:\n  team-q: {a100: 1}\n", "team-q", "besteffort", id="default"),
+        pytest.param(
+            "queueing: strict\nnamespaces:\n  team-q: {a100: 1}\n", "team-q", "strict", id="file"
+        ),
+        pytest.param(
+            "queueing: strict\nnamespaces:\n  team-q: {queueing: besteffort, a100: 1}\n",
+            "team-q",
+            "besteffort",
+            id="own-over-file",
+        ),
+        pytest.param("queueing: strict\n", "team-x", "strict", id="no-entry"),
+    ],
+)
+def test_queueing_per_namespace_is_not_a_limit(text: str, namespace: str, queueing: str) -> None:
+    quotas = load_quotas(text)
+    assert quotas.terms(namespace).queueing == queueing
+    assert "queueing" not in quotas.limits_for(namespace)
+
+
+def test_an_unknown_queueing_is_refused_with_the_field_and_value() -> None:
+    with pytest.raises(ConfigError) as error:
+        load_quotas("namespaces:\n  team-q: {queueing: fifo, a100: 1}\n")
+    expected = "namespaces.team-q.queueing: 'fifo' is not one of besteffort, strict"
+    assert any(expected in problem for problem in error.value.problems), error.value.problems

@@ -47,6 +47,13 @@ WatchEvent = dict[str, Any]
 ADMISSION_API = "/apis/admissionregistration.k8s.io/v1"
 COORDINATION_API = "/apis/coordination.k8s.io/v1"
 CORE_API = "/api/v1"
+BATCH_API = "/apis/batch/v1"
+# The API each form of PodGroup is served under (policies.workloads.gangs names the forms).
+POD_GROUP_APIS = {
+    "coscheduling": "/apis/scheduling.x-k8s.io/v1alpha1",
+    "volcano": "/apis/scheduling.volcano.sh/v1beta1",
+    "kai": "/apis/scheduling.run.ai/v2alpha2",
+}
 # gpuadm's own API: the GPUQuota objects that show tenants their quota (deploy/base/crd.yaml).
 GPUADM_API = "/apis/gpuadm.io/v1alpha1"
 JSON_PATCH = "application/json-patch+json"
@@ -200,6 +207,16 @@ class AsyncApi:
         """Replace a Lease at the resourceVersion in `body`; a 409 means it changed."""
         path = _namespaced(COORDINATION_API, namespace, "leases", body["metadata"]["name"])
         return await self._call("PUT", path, body)
+
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a Job, or None if it does not exist."""
+        return await self._call_or_none("GET", _namespaced(BATCH_API, namespace, "jobs", name))
+
+    async def get_pod_group(self, form: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """Return a PodGroup of a form of `POD_GROUP_APIS`, or None if it does not exist (or
+        its API is not served)."""
+        path = _namespaced(POD_GROUP_APIS[form], namespace, "podgroups", name)
+        return await self._call_or_none("GET", path)
 
     async def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         """Return a Pod, or None if it does not exist."""

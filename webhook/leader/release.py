@@ -8,7 +8,9 @@ a namespace woken again while due keeps its place. Each turn:
 
 1. charges the pods that fit, in line order, through the namespace's record (`QueueLine.
    release`): a compare-and-swap write, like an admission's; at most `per_turn` pods, found
-   through the line's index without visiting the line; a class whose GPU-hour budget is
+   through the line's index without visiting the line; a gang goes whole, in that one
+   write, once it is whole and fits (its size read first, `webhook.quota.gang_sizes`), even
+   past `per_turn` when it is the turn's first release; a class whose GPU-hour budget is
    spent keeps waiting (`held`), and its budget frees with time alone, so the periodic pass
    is what releases it;
 2. removes each charged pod's gate, with a JSON patch that tests the pod's uid and the gate,
@@ -39,6 +41,7 @@ from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter
 from webhook.observe.metrics import Metrics
+from webhook.quota.gang_sizes import GangSizes
 from webhook.quota.line import QueueLine
 from webhook.quota.usage import UsageIndex
 
@@ -71,6 +74,7 @@ class Releaser:
         per_turn: int = PER_TURN,
         clock: Callable[[], float] = time.monotonic,
         held: Callable[[str], Mapping[str, str]] = lambda _namespace: {},
+        gang_sizes: GangSizes | None = None,
     ) -> None:
         self.line = line
         self.usage = usage
@@ -85,6 +89,11 @@ class Releaser:
         self.clock = clock
         # Which classes of a namespace's line keep waiting for their GPU-hour budget.
         self.held = held
+        # The sizes of the lines' gangs, read before each turn (by default, only what the
+        # pods themselves carry).
+        self.gang_sizes = gang_sizes or GangSizes(
+            None, usage, strict=lambda ns: config.current.quotas.terms(ns).queueing == "strict"
+        )
         # Namespaces due for a turn, in turn order (a dict as an ordered set).
         self._due: dict[str, None] = {}
         self._everything = True
@@ -159,12 +168,14 @@ class Releaser:
         self.turns += 1
         snapshot = self.config.current
         try:
+            gangs = await self.gang_sizes.read(namespace)
             to_release, turn = await self.line.release(
                 namespace,
                 snapshot.quotas,
                 skip=frozenset(self._released),
                 most=self.per_turn,
                 held=self.held(namespace),
+                gangs=gangs,
             )
         except KubeError as error:
             log.warning("cannot charge the waiting pods of namespace %s: %s", namespace, error)

@@ -14,7 +14,9 @@ judged together, in arrival order, and stored with one write: a group commit, as
 apiserver's own ResourceQuota admission batches the admissions waiting on one quota. A
 burst of creates in one namespace costs a few writes, not one per pod.
 
-A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`).
+A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`). A
+pod of a gang always waits there at first, uncharged: the leader, which reads the gang's
+size, charges the gang whole.
 
 In a cluster, a write for an admission in enforce mode also sets half of the room left
 aside for this replica (`webhook.quota.allowances`), and the admissions after it that fit in
@@ -37,6 +39,7 @@ from policies import Plan
 from policies.quota.judge import QuotaVerdict, judge, room_to_set_aside
 from policies.quota.queue import is_gated, may_gate
 from policies.quota.quotas import Terms, limits_on
+from policies.workloads import GangError, pod_gang
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
@@ -80,6 +83,16 @@ class _Pending:
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+
+
+def unreadable_gang(request: AdmissionRequest) -> QuotaVerdict | None:
+    """Refuse a pod that says it is in a gang in a way that cannot be read: in line, its
+    gang decides when it goes, and a gang misread would go too early or never."""
+    try:
+        pod_gang(request.object.get("metadata") or {})
+    except GangError as error:
+        return QuotaVerdict(False, f"pod {request.pod_name!r}: {error}")
+    return None
 
 
 class AdmissionJudge:
@@ -129,6 +142,8 @@ class AdmissionJudge:
             return None
         if gated and (never := never_fitting(namespace, plan, limits)) is not None:
             return never
+        if gated and (unreadable := unreadable_gang(request)) is not None:
+            return unreadable
         if not self.usage_ready():
             return QuotaVerdict(False, NOT_IN_SYNC)
         try:

@@ -24,7 +24,7 @@ from fractions import Fraction
 from policies import Plan
 from policies.quota.judge import QuotaVerdict
 from policies.quota.line import Line
-from policies.quota.queue import Place, Waiting, waiting_pod
+from policies.quota.queue import Gangs, Place, Waiting, waiting_pod
 from policies.quota.quotas import QuotaConfig
 from webhook.quota.book import RecordBusy, ReservationBook
 from webhook.quota.reservations import Conflict, RecordFull, Reservation, storable
@@ -125,6 +125,7 @@ class QueueLine:
         skip: frozenset[str] = frozenset(),
         most: int | None = None,
         held: Mapping[str, str] | None = None,
+        gangs: Gangs | None = None,
     ) -> tuple[list[Waiting], Turn]:
         """Charge the pods of a namespace's line that fit now, in order; return every pod
         whose gate is to be removed (those charged before whose gate is still on, then those
@@ -132,11 +133,13 @@ class QueueLine:
         gate removal this replica's watch has not shown yet. `most` bounds the pods returned:
         the turn then charges the first of those a whole pass would, and says there are
         more (`Turn.more`). `held`: classes that keep waiting whatever their limits (a
-        GPU-hour budget spent), with why."""
+        GPU-hour budget spent), with why. `gangs`: what is known of the line's gangs; a
+        gang's pods are charged together, in the one write of the turn."""
         limits = quotas.limits_for(namespace)
         async with self._book.lock(namespace):
             return await self._book.compare_and_swap(
-                namespace, lambda: self._try_release(namespace, limits, skip, most, held or {})
+                namespace,
+                lambda: self._try_release(namespace, limits, skip, most, held or {}, gangs),
             )
 
     async def _try_release(
@@ -146,6 +149,7 @@ class QueueLine:
         skip: frozenset[str],
         most: int | None,
         held: Mapping[str, str],
+        gangs: Gangs | None,
     ) -> tuple[list[Waiting], Turn]:
         """One attempt of `release`; raises `Conflict` if another replica wrote first."""
         # Read afresh, not from this replica's copy: other replicas charge gated pods at
@@ -177,6 +181,7 @@ class QueueLine:
                 excluded=in_line | line.present(skip),
                 most=budget,
                 held=held,
+                gangs=gangs,
             )
             released = walked.released
             more = more or not walked.complete
@@ -231,10 +236,11 @@ class QueueLine:
         namespace: str,
         limits: Mapping[str, Fraction],
         held: Mapping[str, str] | None = None,
+        gangs: Gangs | None = None,
     ) -> Callable[[Waiting], Place | None]:
         """Return what tells a waiting pod of the namespace its place now (None: it is
         charged, or a pass would release it), against this replica's view and record;
-        `held` as `release` takes it."""
+        `held` and `gangs` as `release` takes them."""
         reservations = self._book.copied(namespace)
         line = self._usage.line(namespace)
         excluded = line.present(reservations)
@@ -243,7 +249,9 @@ class QueueLine:
         def place(pod: Waiting) -> Place | None:
             if pod.uid in reservations:
                 return None  # charged: its gate is about to go
-            return line.place(namespace, pod, in_use, limits, excluded=excluded, held=held)
+            return line.place(
+                namespace, pod, in_use, limits, excluded=excluded, held=held, gangs=gangs
+            )
 
         return place
 

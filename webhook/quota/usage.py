@@ -21,6 +21,7 @@ from policies import Denial, Policy, QuotaConfig, pod_charge
 from policies.access.demand import TERMINAL_PHASES
 from policies.quota.line import Line
 from policies.quota.queue import Waiting, is_gated, waiting_pod
+from policies.workloads import GangError, pod_gang
 
 log = logging.getLogger("gpuadm.usage")
 
@@ -34,6 +35,9 @@ class Holding:
     charge: Fraction
     # The pod's name, for the reports that say who holds what.
     pod: str = ""
+    # The gang it is a member of (`Gang.key`), "" for none: a gang's running pods count
+    # toward its size when its other pods wait in line.
+    gang: str = ""
 
 
 class UsageIndex:
@@ -44,6 +48,8 @@ class UsageIndex:
         self._sums: dict[str, dict[str, Fraction]] = {}
         self._seen_at: dict[str, float] = {}
         self._members: dict[str, set[str]] = {}  # namespace -> uids of its GPU pods
+        # namespace -> gang -> how many of its pods hold GPUs
+        self._gangs: dict[str, dict[str, int]] = {}
         self._lines: dict[str, Line] = {}  # namespace -> its waiting pods
         self._line_of: dict[str, str] = {}  # uid -> namespace, for the waiting pods
         self._listeners: list[Callable[[str], None]] = []
@@ -137,6 +143,10 @@ class UsageIndex:
         """Return the namespaces that hold GPU pods."""
         return list(self._sums)
 
+    def gang_running(self, namespace: str) -> Mapping[str, int]:
+        """Return, per gang of a namespace, how many of its pods hold GPUs."""
+        return self._gangs.get(namespace, {})
+
     def in_use(self, namespace: str) -> Mapping[str, Fraction]:
         """Return the GPUs each class holds in a namespace."""
         return self._sums.get(namespace, {})
@@ -207,6 +217,7 @@ class UsageIndex:
             self._pods[uid] = holding
             self._members.setdefault(holding.namespace, set()).add(uid)
             self._add(holding, holding.charge)
+            self._count_gang(holding, 1)
             self._changed(holding.namespace)
         return state
 
@@ -233,6 +244,7 @@ class UsageIndex:
         if not members:
             del self._members[previous.namespace]
         self._add(previous, -previous.charge)
+        self._count_gang(previous, -1)
         self._changed(previous.namespace)
 
     def _set_waiting(self, uid: str, waiting: Waiting | None) -> None:
@@ -268,8 +280,12 @@ class UsageIndex:
         `version` is the list's resourceVersion: the view is complete up to it."""
         sums: dict[str, dict[str, Fraction]] = {}
         members: dict[str, set[str]] = {}
+        gangs: dict[str, dict[str, int]] = {}
         for uid, holding in holdings.items():
             members.setdefault(holding.namespace, set()).add(uid)
+            if holding.gang:
+                counts = gangs.setdefault(holding.namespace, {})
+                counts[holding.gang] = counts.get(holding.gang, 0) + 1
             classes = sums.setdefault(holding.namespace, {})
             classes[holding.class_name] = classes.get(holding.class_name, Fraction(0)) + (
                 holding.charge
@@ -282,6 +298,7 @@ class UsageIndex:
         self._pods = dict(holdings)
         self._sums = sums
         self._members = members
+        self._gangs = gangs
         self._lines = lines
         self._line_of = {uid: pod.namespace for uid, pod in (waiting or {}).items()}
         for uid in holdings:
@@ -290,6 +307,18 @@ class UsageIndex:
         self.advance(version)
         for namespace in changed:
             self._changed(namespace)
+
+    def _count_gang(self, holding: Holding, change: int) -> None:
+        if not holding.gang:
+            return
+        counts = self._gangs.setdefault(holding.namespace, {})
+        left = counts.get(holding.gang, 0) + change
+        if left > 0:
+            counts[holding.gang] = left
+        else:
+            counts.pop(holding.gang, None)
+            if not counts:
+                del self._gangs[holding.namespace]
 
     def _add(self, holding: Holding, amount: Fraction) -> None:
         classes = self._sums.setdefault(holding.namespace, {})
@@ -332,4 +361,20 @@ def pod_state(
     if gated:
         return waiting_pod(pod, sys.intern(class_name), charge)
     # Interned: 100,000 pods share a few hundred namespace and class strings.
-    return Holding(sys.intern(namespace), sys.intern(class_name), charge, str(metadata.get("name")))
+    return Holding(
+        sys.intern(namespace),
+        sys.intern(class_name),
+        charge,
+        str(metadata.get("name")),
+        gang_of(metadata),
+    )
+
+
+def gang_of(metadata: Mapping[str, Any]) -> str:
+    """Return the key of the gang a running pod is in, "" for none (or one it names badly:
+    it holds its GPUs all the same)."""
+    try:
+        gang = pod_gang(metadata)
+    except GangError:
+        return ""
+    return sys.intern(gang.key) if gang is not None else ""

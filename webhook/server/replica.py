@@ -28,6 +28,7 @@ from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
 from webhook.quota.book import ReservationBook
 from webhook.quota.configmap_store import ConfigMapStore
+from webhook.quota.gang_sizes import GangSizes
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.namespaces import KnownNamespaces
 from webhook.quota.podwatch import PodWatcher
@@ -166,6 +167,11 @@ def cluster_app(
         """The classes of a namespace's line that wait for their GPU-hour budget, with why."""
         return hours.held(namespace, usage.line(namespace).by_class(), holder.current)
 
+    gang_sizes = GangSizes(
+        api,
+        usage,
+        strict=lambda namespace: holder.current.quotas.terms(namespace).queueing == "strict",
+    )
     events = EventWriter(
         PodEvents(api, settings.identity or "gpuadm"),
         usage,
@@ -173,6 +179,7 @@ def cluster_app(
             namespace,
             holder.current.quotas.limits_for(namespace),
             held(namespace),
+            gangs=gang_sizes.known(namespace),
         ),
         ready=lambda: pods.ready() and holder.loaded,
     )
@@ -186,6 +193,7 @@ def cluster_app(
         ready=pods.ready,
         metrics=metrics,
         held=held,
+        gang_sizes=gang_sizes,
     )
     publisher = QuotaPublisher(
         ledger.line,
