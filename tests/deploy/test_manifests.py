@@ -586,8 +586,12 @@ SERVE_CLUSTER_RULES = [
     ("", "namespaces", (), ("get",)),
     ("", "pods", (), ("get", "list", "patch", "watch")),
     ("", "events", (), ("create", "get", "update")),
+    ("batch", "jobs", (), ("get",)),
     ("gpuadm.io", "gpuquotas", (), ("create", "delete", "get", "list", "update")),
     ("resource.k8s.io", "resourceclaims", (), ("get",)),
+    ("scheduling.run.ai", "podgroups", (), ("get",)),
+    ("scheduling.volcano.sh", "podgroups", (), ("get",)),
+    ("scheduling.x-k8s.io", "podgroups", (), ("get",)),
     ("resource.k8s.io", "resourceclaimtemplates", (), ("create", "delete", "get", "list")),
 ]
 # What the Helm chart's uninstall Job holds, as its own account gpuadm-uninstall, for what
