@@ -17,7 +17,7 @@ import pytest
 from kubernetes.client.exceptions import ApiException
 
 from tests.e2e.cluster import ControlPlane
-from tests.e2e.fixtures import IMAGE, Deployment
+from tests.e2e.fixtures import Deployment
 from tests.e2e.gpuadm import LEASE_SECONDS, NAMESPACE, wait_until
 from tests.e2e.nodes import H100, Pool, pools_created
 from tests.e2e.scheduling import Scheduler
@@ -79,21 +79,6 @@ def status_shows(api: kubernetes.client.ApiClient, namespace: str, **expected: A
     return all(status.get(k) == v for k, v in expected.items())
 
 
-def job(namespace: str, parallelism: int) -> dict[str, Any]:
-    container = {"name": "train", "image": IMAGE, "resources": {"limits": H100_POD}}
-    return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
-        "metadata": {"name": "train", "namespace": namespace},
-        "spec": {
-            "parallelism": parallelism,
-            "completions": parallelism,
-            "backoffLimit": 100,
-            "template": {"spec": {"restartPolicy": "Never", "containers": [container]}},
-        },
-    }
-
-
 def gpuadm_quota(plane: ControlPlane, namespace: str) -> dict[str, Any]:
     """Run `gpuadm quota -n NS -o json` as an admin would."""
     result = subprocess.run(
@@ -120,7 +105,7 @@ def gpuadm_quota(plane: ControlPlane, namespace: str) -> dict[str, Any]:
     return report
 
 
-def test_a_job_beyond_its_quota_waits_and_is_released_one_for_one(
+def test_pods_beyond_their_quota_wait_and_are_released_one_for_one(
     gpuadm: Deployment,
     namespace: str,
     api_client: kubernetes.client.ApiClient,
@@ -128,7 +113,9 @@ def test_a_job_beyond_its_quota_waits_and_is_released_one_for_one(
 ) -> None:
     core = gpuadm.core
     gpuadm.set_quotas(queue_quota(namespace, 4))
-    kubernetes.client.BatchV1Api(api_client).create_namespaced_job(namespace, job(namespace, 6))
+    # Pods of no gang (a Job's pods are one: tests/e2e/test_gangs.py), each judged alone.
+    for i in range(6):
+        gpuadm.create_pod(namespace, H100_POD, name=f"worker-{i}")
 
     def four_bound_two_waiting() -> bool:
         found = pods(core, namespace)
@@ -179,8 +166,7 @@ def test_a_job_beyond_its_quota_waits_and_is_released_one_for_one(
         k: report[k] for k in ("limit", "inUse", "reserved", "waiting", "holders", "queue")
     } == {k: status[k] for k in ("limit", "inUse", "reserved", "waiting", "holders", "queue")}
 
-    # Deleting a running pod releases exactly one waiting pod: the first in line. The job
-    # controller makes a new pod for the deleted one, which joins the end of the line.
+    # Deleting a running pod releases exactly one waiting pod: the first in line.
     victim = next(p for p in pods(core, namespace) if bound(p))
     freed = time.monotonic()
     core.delete_namespaced_pod(victim.metadata.name, namespace, grace_period_seconds=0)
@@ -192,9 +178,9 @@ def test_a_job_beyond_its_quota_waits_and_is_released_one_for_one(
         assert sum(not gated(p) for p in found) <= 4, [p.metadata.name for p in found]
         time.sleep(0.2)
     found = pods(core, namespace)
-    assert len(found) == 6
+    assert len(found) == 5
     assert sum(not gated(p) for p in found) == 4
-    assert sum(gated(p) for p in found) == 2
+    assert sum(gated(p) for p in found) == 1
     wait_until(lambda: all(bound(p) for p in pods(core, namespace) if not gated(p)), "4 bound")
     released = [
         e for e in core.list_namespaced_event(namespace).items if e.reason == "GPUQuotaReleased"

@@ -22,7 +22,9 @@ import jsonpatch
 from policies import Denial, pod_charge
 from policies.pods.dra_templates import ClaimTemplate
 from policies.quantity import format_amount
-from policies.workloads import Gang, PodSet
+from policies.quota.queue import Gangs
+from policies.workloads import Gang, PodSet, pod_gang
+from policies.workloads.gangs import GANG_KEY, GANG_SIZE_KEY
 from webhook.admission.decision import Decision
 from webhook.admission.decisions import Trusted, mutate_under, validate_under
 from webhook.claims.lookup import NoClaims
@@ -82,8 +84,10 @@ async def review_all(
     per gang."""
     usage, ledger = _ledger(config, held)
     results = []
-    classes: dict[tuple[str, str], _Tally] = {}
-    gangs: dict[tuple[str, Gang], _Tally] = {}
+    tallies: list[_Tally] = []
+    plans: list[Plan | None] = []
+    made: dict[str, tuple[_Tally, Fraction]] = {}  # pods in line, by uid: their set's tally
+    why: dict[tuple[str, Gang], str] = {}  # gangs waiting in a queue namespace: why
     left = MAX_CREATED
     for index, judged in enumerate(found):
         namespace = str(judged.namespace)
@@ -93,34 +97,106 @@ async def review_all(
         shown_on = ledger if copies else _ledger(config, held)[1]
         result, plan = await _shown(judged.pod, namespace, config, shown_on)
         charge = plan.charge if plan else Fraction(0)
+        # In a queue namespace a gang waits whole and goes whole: each of its pods is made,
+        # and the leader's turn decides.
+        gang = judged.pod_set.gang
+        whole = gang is not None and gang.size is not None
+        in_line = whole and config.quotas.terms(namespace).mode == "queue"
+        pod = _as_gang_member(judged.pod, gang) if in_line and gang is not None else judged.pod
         tally = _Tally()
         created = 0
         while created < copies and left:
-            fate, over = await _created(
-                judged.pod, namespace, config, ledger, usage, index, created
-            )
+            fate, over = await _created(pod, namespace, config, ledger, usage, index, created)
             tally.add(fate, 1, charge, over=over)
+            if fate == "waits":
+                made[f"review-{index}-{created}"] = (tally, charge)
             created += 1
             left -= 1
-            if fate != "runs":
+            if fate != "runs" and not (in_line and fate == "waits"):
                 # Each later pod of the set meets no more room than this one did: it is
                 # refused, or waits behind it, alike.
                 tally.add(fate, copies - created, charge)
                 created = copies
         tally.unjudged = copies - created
+        if config.quotas.terms(namespace).mode == "queue":
+            said = await _turn(namespace, config, ledger, usage, found[: index + 1], made)
+            why.update({(namespace, g): reason for g, reason in said.items()})
+        tallies.append(tally)
+        plans.append(plan)
+        results.append(result)
+    classes: dict[tuple[str, str], _Tally] = {}
+    gangs: dict[tuple[str, Gang], _Tally] = {}
+    for judged, tally, plan, result in zip(found, tallies, plans, results, strict=True):
+        namespace = str(judged.namespace)
         if plan is not None and plan.class_name is not None:
             _merge(classes.setdefault((namespace, plan.class_name), _Tally()), tally)
-        gang = judged.pod_set.gang
-        if gang is not None:
-            _merge(gangs.setdefault((namespace, gang), _Tally()), tally)
+        if judged.pod_set.gang is not None:
+            _merge(gangs.setdefault((namespace, judged.pod_set.gang), _Tally()), tally)
         result["workload"] = _workload(judged.pod_set, tally)
-        results.append(result)
     totals = [
         _class_total(namespace, class_name, tally, config, held.get(namespace, {}))
         for (namespace, class_name), tally in classes.items()
     ]
-    totals += [_gang_total(namespace, gang, tally) for (namespace, gang), tally in gangs.items()]
+    totals += [
+        _gang_total(
+            namespace, gang, tally, config.quotas.terms(namespace).mode, why.get((namespace, gang))
+        )
+        for (namespace, gang), tally in gangs.items()
+    ]
     return results, totals
+
+
+def _as_gang_member(pod: dict[str, Any], gang: Gang) -> dict[str, Any]:
+    """The pod as its controller makes it, in its gang: a pod of a Job, say, names its Job
+    as its owner; a review has no owner to name, so it names the gang as gpuadm's form does,
+    with the size the input gives it."""
+    if pod_gang(pod.get("metadata") or {}) is not None:
+        return pod
+    member = copy.deepcopy(pod)
+    annotations = member.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations.update({GANG_KEY: gang.name, GANG_SIZE_KEY: str(gang.size)})
+    return member
+
+
+async def _turn(
+    namespace: str,
+    config: ConfigSnapshot,
+    ledger: QuotaLedger,
+    usage: UsageIndex,
+    found: Sequence[PodsToJudge],
+    made: dict[str, tuple[_Tally, Fraction]],
+) -> dict[Gang, str]:
+    """Take the leader's turn over the namespace's line, with the gangs' sizes the input
+    gives: the pods it releases run, and leave the line. Return why each gang of the input
+    that still waits does."""
+    sizes: dict[str, int] = {}
+    keys: dict[str, Gang] = {}
+    for judged in found:
+        gang = judged.pod_set.gang
+        if gang is not None and gang.size is not None and str(judged.namespace) == namespace:
+            key = pod_gang(_as_gang_member(judged.pod, gang).get("metadata") or {})
+            if key is not None:
+                sizes[key.key] = gang.size
+                keys[key.key] = gang
+    strict = config.quotas.terms(namespace).queueing == "strict"
+    gangs = Gangs(sizes, usage.gang_running(namespace), strict)
+    while True:
+        released, turn = await ledger.line.release(namespace, config.quotas, gangs=gangs)
+        for pod in released:
+            usage.forget(pod.uid)
+            tally, charge = made.pop(pod.uid)
+            tally.waits -= 1
+            tally.runs += 1
+            tally.gpus["waits"] = tally.gpus.get("waits", Fraction(0)) - charge
+            tally.gpus["runs"] = tally.gpus.get("runs", Fraction(0)) + charge
+        if not released or not turn.more:
+            break
+    place = ledger.line.placer(namespace, config.quotas.limits_for(namespace), gangs=gangs)
+    said: dict[Gang, str] = {}
+    for line_key, pods in usage.line(namespace).gangs().items():
+        if line_key in keys and (where := place(pods[0])) is not None:
+            said[keys[line_key]] = where.reason
+    return said
 
 
 async def _shown(
@@ -280,9 +356,11 @@ def _class_total(
     }
 
 
-def _gang_total(namespace: str, gang: Gang, tally: _Tally) -> dict[str, Any]:
+def _gang_total(
+    namespace: str, gang: Gang, tally: _Tally, mode: str, waits_because: str | None
+) -> dict[str, Any]:
     """What becomes of a gang's pods: all of them, or only some, which then hold their GPUs
-    without the others."""
+    without the others (never in a queue namespace, where a gang goes whole)."""
     size = gang.size
     if size is None:
         said = (
@@ -296,12 +374,17 @@ def _gang_total(namespace: str, gang: Gang, tally: _Tally) -> dict[str, Any]:
         )
     elif tally.runs >= size:
         said = f"runs whole: {tally.runs} of its pods run, of {size} it needs"
+    elif tally.runs == 0 and mode == "queue" and tally.waits:
+        said = f"waits whole, and its {size} pods go together once they fit: " + (
+            waits_because or "they wait in line"
+        )
     elif tally.runs == 0:
         said = f"none of its pods run ({size} needed): nothing is held while it waits"
     else:
         said = (
             f"only {tally.runs} of the {size} pods it needs would run: they hold their GPUs "
-            "while the rest wait or are refused (gpuadm admits a gang's pods one by one)"
+            f"while the rest wait or are refused (in {mode} mode gpuadm admits a gang's pods "
+            "one by one; in queue mode it admits a gang whole)"
         )
     return {
         "namespace": namespace,

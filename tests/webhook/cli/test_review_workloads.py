@@ -69,12 +69,39 @@ def test_the_example_job_is_reviewed_as_its_three_workers(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     job = str(ROOT / "examples" / "pods" / "h100-job.yaml")
-    assert main(["review", job, "--policy", POLICY, "--quotas", QUOTAS]) == ExitCode.WAITS
+    assert main(["review", job, "--policy", POLICY, "--quotas", QUOTAS]) == ExitCode.OK
+    out = capsys.readouterr().out
+    assert "pods: all 3 pods run" in out
+    assert "namespace team-c, gang 'train' of 3 (Job): runs whole" in out
+
+
+def test_the_example_job_with_room_for_two_waits_whole_in_its_queue_namespace(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = str(ROOT / "examples" / "pods" / "h100-job.yaml")
+    code = main(["review", job, "--policy", POLICY, "--quotas", QUOTAS, "--in-use", "h100=2"])
+    assert code == ExitCode.WAITS
     out = capsys.readouterr().out
     assert "verdict: allowed (namespace team-c)" in out
-    assert "pods: 2 of 3 pods run; 1 waits in line for room" in out
-    assert "namespace team-c, h100: 3 pods ask for 3 (in use 0 of 2): 2 run, 1 waits" in out
-    assert "namespace team-c, gang 'train' of 3 (Job): only 2 of the 3 pods it needs" in out
+    assert "pods: 0 of 3 pods run; 3 wait in line for room" in out
+    assert "namespace team-c, h100: 3 pods ask for 3 (in use 2 of 4): 3 wait" in out
+    assert (
+        "namespace team-c, gang 'train' of 3 (Job): waits whole, and its 3 pods go together "
+        'once they fit: namespace "team-c": h100 quota has no room for the gang'
+    ) in out
+    assert "its 3 waiting pods need 3 at once, in use 2 of 4" in out
+
+
+def test_a_gang_in_enforce_mode_is_still_admitted_pod_by_pod(tmp_path: Path) -> None:
+    job = workload("Job")
+    job["apiVersion"] = "batch/v1"
+    job["metadata"]["namespace"] = "team-e"
+    job["spec"]["parallelism"] = 3
+    quotas = quotas_file(tmp_path, "namespaces:\n  team-e: {h100: 2}\n")
+    code, result = review_with(tmp_path, [job], quotas)
+    assert code == 1
+    (gang,) = [t for t in result["totals"] if "gang" in t]
+    assert "in enforce mode gpuadm admits a gang's pods one by one" in gang["summary"]
 
 
 def test_several_documents_and_lists_are_each_reviewed(tmp_path: Path) -> None:
