@@ -145,3 +145,40 @@ def joined(verdict: QuotaVerdict | None, budget: QuotaVerdict | None) -> QuotaVe
         would_deny=verdict.would_deny or budget.would_deny,
         exceeded=(*verdict.exceeded, *budget.exceeded),
     )
+
+
+def judge_gang(
+    *,
+    namespace: str,
+    gang: str,
+    size: int,
+    requested: Fraction,
+    in_use: Mapping[str, Fraction],
+    limits: Mapping[str, Fraction],
+    class_name: str,
+) -> QuotaVerdict:
+    """Judge the first pod of a gang of `size` pods of `requested` each (enforce mode): it
+    is admitted only if the whole gang fits at once, so that no part of a gang holds GPUs it
+    cannot use. `gang` names the gang in the message."""
+    whole = requested * size
+    verdict = judge(
+        namespace=namespace,
+        class_name=class_name,
+        requested=whole,
+        in_use=in_use,
+        limits=limits,
+    )
+    if verdict.allowed:
+        return verdict
+    key = verdict.exceeded[0]
+    label = key if key != ALL_CLASSES else _ALL_LABEL
+    return replace(
+        verdict,
+        message=(
+            f'namespace "{namespace}": {label} quota exceeded: the {gang} needs '
+            f"{format_amount(whole)} at once ({size} pods of {format_amount(requested)}), in "
+            f"use {format_amount(verdict.in_use)} of {format_amount(verdict.limit or 0)}: its "
+            "first pod is refused, so that no part of the gang holds GPUs it cannot use; "
+            "retry when there is room for all of it"
+        ),
+    )

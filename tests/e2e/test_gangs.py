@@ -308,3 +308,43 @@ def test_a_leader_killed_mid_release_of_a_gang_releases_it_whole_and_charges_it_
     finally:
         leader.start()
         wait_until(leader.ready, "the killed replica back", leader.log_tail)
+
+
+def test_enforce_mode_refuses_a_gangs_first_pod_unless_the_whole_gang_fits(
+    gpuadm: Deployment, namespace: str, api_client: kubernetes.client.ApiClient
+) -> None:
+    core = gpuadm.core
+    batch = kubernetes.client.BatchV1Api(api_client)
+    gpuadm.set_quotas(f"namespaces:\n  {namespace}:\n    h100: 3\n")
+    holder = gpuadm.create_pod(namespace, H100_POD, name="holder")["metadata"]["name"]
+    batch.create_namespaced_job(namespace, gang_job(namespace, "train", 3))
+
+    def refused_whole() -> bool:
+        events = core.list_namespaced_event(namespace, field_selector="reason=FailedCreate").items
+        return any(
+            "the gang 'train' of 3 (job) needs 3 at once (3 pods of 1), in use 1 of 3: its "
+            "first pod is refused" in e.message
+            for e in events
+        )
+
+    def seen() -> str:
+        events = core.list_namespaced_event(namespace).items
+        return (
+            "\n".join(f"{e.reason}: {e.message}" for e in events)
+            + "\npods: "
+            + ", ".join(p.metadata.name for p in pods(core, namespace))
+        )
+
+    wait_until(refused_whole, "the job controller told the gang's first pod was refused", seen)
+    assert of_job(pods(core, namespace), "train") == []  # no part of the gang runs
+    core.delete_namespaced_pod(holder, namespace, grace_period_seconds=0)
+    # Room for all three: the job controller's next try makes them, the first setting aside
+    # the room the other two are charged against.
+    wait_until(
+        lambda: len(of_job(pods(core, namespace), "train")) == 3,
+        "the whole gang created once it fits",
+        seconds=90,
+    )
+    with pytest.raises(ApiException) as full:
+        gpuadm.create_pod(namespace, H100_POD, name="one-more")
+    assert "in use 3 of 3" in full.value.body

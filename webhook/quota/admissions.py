@@ -14,9 +14,9 @@ judged together, in arrival order, and stored with one write: a group commit, as
 apiserver's own ResourceQuota admission batches the admissions waiting on one quota. A
 burst of creates in one namespace costs a few writes, not one per pod.
 
-A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`). A
-pod of a gang always waits there at first, uncharged: the leader, which reads the gang's
-size, charges the gang whole.
+A pod created behind gpuadm's gate joins its namespace's line (`QueueLine.joining`), where a
+gang's pods wait for the leader to charge the gang whole; in enforce mode a gang's first pod
+is judged for the whole gang (`webhook.quota.gang_room`).
 
 In a cluster, a write for an admission in enforce mode also sets half of the room left
 aside for this replica (`webhook.quota.allowances`), and the admissions after it that fit in
@@ -39,7 +39,6 @@ from policies import Plan
 from policies.quota.judge import QuotaVerdict, judge, room_to_set_aside
 from policies.quota.queue import is_gated, may_gate
 from policies.quota.quotas import Terms, limits_on
-from policies.workloads import GangError, pod_gang
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
@@ -52,18 +51,23 @@ from webhook.quota.aside import (
     would_wait,
 )
 from webhook.quota.book import RecordBusy, ReservationBook
+from webhook.quota.gang_room import GangSize, Member, judge_member, member_of, sized_on_pods
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import RecordFull, Reservation, UnreadableRecord
-from webhook.quota.verdicts import never_fitting, reservation_key, when_full, without
+from webhook.quota.verdicts import (
+    FullRecords,
+    gate_outside_queue,
+    never_fitting,
+    reservation_key,
+    taken_meanwhile,
+    when_full,
+    without,
+)
 from webhook.quota.watermark import NOT_IN_SYNC, NotInSync
 from webhook.reviews.request import AdmissionRequest
 
 log = logging.getLogger("gpuadm.quota")
-
-# While a namespace's record is full, each batch of its admissions finds it so: log it this
-# often at most.
-FULL_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,21 +82,13 @@ class _Pending:
     # Created behind gpuadm's gate: charged now if it is first in line and fits, else left
     # waiting in line, uncharged.
     gated: bool
+    # The gang it is in, in enforce mode (judged whole at its first pod), or None.
+    member: Member | None = None
     # When it began to wait (monotonic seconds), for room other replicas hold aside.
     since: float = field(default_factory=time.monotonic)
     verdict: asyncio.Future[QuotaVerdict] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
-
-
-def unreadable_gang(request: AdmissionRequest) -> QuotaVerdict | None:
-    """Refuse a pod that says it is in a gang in a way that cannot be read: in line, its
-    gang decides when it goes, and a gang misread would go too early or never."""
-    try:
-        pod_gang(request.object.get("metadata") or {})
-    except GangError as error:
-        return QuotaVerdict(False, f"pod {request.pod_name!r}: {error}")
-    return None
 
 
 class AdmissionJudge:
@@ -105,18 +101,20 @@ class AdmissionJudge:
         *,
         usage_ready: Callable[[], bool] = lambda: True,
         namespace_exists: Callable[[str], Awaitable[bool]] = every_namespace_exists,
+        gang_size: GangSize = sized_on_pods,
     ) -> None:
         """Judge against `book`, gated pods against `line`. `usage_ready` says whether the
         usage index is in sync; `namespace_exists` whether a namespace is real, so that
-        nothing is judged or kept for one that is not."""
+        nothing is judged or kept for one that is not; `gang_size` reads a gang's size."""
         self.book = book
         self.line = line
         self.usage_ready = usage_ready
         self.namespace_exists = namespace_exists
+        self.gang_size = gang_size
         # Admissions not yet judged, and the task that judges them, per namespace.
         self._pending: defaultdict[str, list[_Pending]] = defaultdict(list)
         self._committers: dict[str, asyncio.Task[None]] = {}
-        self._full_logged: dict[str, float] = {}
+        self._full = FullRecords()
 
     async def admit(
         self, request: AdmissionRequest, plan: Plan, config: ConfigSnapshot
@@ -130,20 +128,17 @@ class AdmissionJudge:
         gate = config.policy.quota_gate
         gated = is_gated(request.object, gate)
         if gated and mode != "queue":
-            # Waiting in line is for queue namespaces: a pod that brought the gate itself
-            # elsewhere would be admitted uncharged and released later, past `enforce`.
-            return QuotaVerdict(
-                False,
-                f"the scheduling gate {gate} is gpuadm's: it holds pods in line only in "
-                f'namespaces whose GPU quota mode is queue, and namespace "{namespace}" is in '
-                f"{mode} mode: create the pod without it",
-            )
+            return gate_outside_queue(namespace, gate, mode)
         if not limits_on(plan.class_name, limits):
             return None
         if gated and (never := never_fitting(namespace, plan, limits)) is not None:
             return never
-        if gated and (unreadable := unreadable_gang(request)) is not None:
-            return unreadable
+        member = None
+        if gated or mode == "enforce":  # in line, the leader reads a gang's size
+            found = await member_of(request, self.gang_size, sized=not gated)
+            if isinstance(found, QuotaVerdict):
+                return found
+            member = found
         if not self.usage_ready():
             return QuotaVerdict(False, NOT_IN_SYNC)
         try:
@@ -153,28 +148,18 @@ class AdmissionJudge:
             return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
-        if mode == "enforce" and not request.dry_run:
+        if mode == "enforce" and not request.dry_run and member is None:
             granted = admit_from_aside(self.book, request, plan, terms, reservation_key(request))
             if granted is not None:
                 return granted
-        pending = _Pending(request, plan, config, terms, gated)
+        pending = _Pending(request, plan, config, terms, gated, member)
         self._pending[namespace].append(pending)
         if namespace not in self._committers:
             task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
             self._committers[namespace] = task
         verdict = await pending.verdict
         if verdict.exceeded and mode == "queue" and may_gate(request.object):
-            # The room this pod was created for went to another pod meanwhile: the gate that
-            # would have held it can only be given at creation. (A pod bound to a node at
-            # creation can have no gate: it is told what enforce mode says.)
-            return QuotaVerdict(
-                False,
-                f"{verdict.message}; it was taken by another pod while this one was being "
-                "created: create the pod again, and it waits in line",
-                in_use=verdict.in_use,
-                limit=verdict.limit,
-                exceeded=verdict.exceeded,
-            )
+            return taken_meanwhile(verdict)
         return verdict
 
     async def _commit(self, namespace: str) -> None:
@@ -259,6 +244,7 @@ class AdmissionJudge:
             class_name = pending.plan.class_name
             assert class_name is not None
             key = reservation_key(pending.request)
+            grown = ZERO
             # A pod judged again (a retried request) is not counted against itself.
             own = reservations.get(key)
             counted = own is not None and self.book.counts(key, own)
@@ -272,6 +258,20 @@ class AdmissionJudge:
                     pending.terms.limits,
                     pending.config.policy.quota_gate,
                 )
+            elif (
+                whole := judge_member(
+                    book,
+                    namespace,
+                    pending.member,
+                    pending.terms,
+                    pending.plan,
+                    in_use,
+                    reservations,
+                    retried=own is not None,
+                    dry_run=pending.request.dry_run,
+                )
+            ) is not None:
+                verdict, grown = whole  # a gang's first pod, or one its room was set aside for
             else:
                 verdict = judge(
                     namespace=namespace,
@@ -299,6 +299,9 @@ class AdmissionJudge:
                     # than that would only keep such pods from the other replicas.
                     taking[class_name] = max(taking.get(class_name, ZERO), pending.plan.charge)
             verdicts.append(verdict)
+            if grown and not pending.request.dry_run:  # the gang's room, in the same write
+                totals = {**totals, class_name: totals.get(class_name, ZERO) + grown}
+                reserved = True
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
                 made = Reservation(class_name, pending.plan.charge, now, pending.request.pod_name)
                 reservations[key] = made
@@ -327,7 +330,7 @@ class AdmissionJudge:
             try:
                 await book.write(namespace, reservations, record, take, terms.limits)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
-                self._log_full(namespace, full)
+                self._full.log(namespace, full, self.book.clock())
                 return [
                     when_full(
                         pending.request,
@@ -341,10 +344,3 @@ class AdmissionJudge:
         else:  # dry runs and refusals only: the room aside serves on
             book.allowances.restore(namespace, aside)
         return verdicts
-
-    def _log_full(self, namespace: str, full: RecordFull) -> None:
-        """Log a full record once a minute at most: every batch meets it until it empties."""
-        now = self.book.clock()
-        if now - self._full_logged.get(namespace, float("-inf")) >= FULL_LOG_SECONDS:
-            self._full_logged[namespace] = now
-            log.warning("%s", full.detail)

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from policies.quota.queue import Gangs, Waiting
-from policies.workloads import GangError, job_gang_size, min_member
+from policies.workloads import Gang, GangError, job_gang_size, min_member
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import POD_GROUP_APIS, AsyncApi
 from webhook.quota.usage import UsageIndex
@@ -78,6 +78,19 @@ class GangSizes:
             found = await self._read_one(namespace, source, name, kept)
             self._keep((namespace, gang), (now, found))
         return self.known(namespace)
+
+    async def size_of(self, namespace: str, gang: Gang) -> int | str:
+        """Return a gang's size, or why it cannot be known: from its pods' say for the forms
+        that carry it, else read (or kept from a read of the last `ttl` seconds)."""
+        if gang.size is not None or gang.source in SIZED_ON_PODS:
+            return gang.size if gang.size is not None else f"its {gang.describe()} has no size"
+        key = (namespace, gang.key)
+        kept = self._kept.get(key)
+        if kept is not None and self.clock() - kept[0] < self.ttl:
+            return kept[1]
+        found = await self._read_one(namespace, gang.source, gang.name, kept)
+        self._keep(key, (self.clock(), found))
+        return found
 
     def known(self, namespace: str) -> Gangs:
         """Say what is known of the namespace's gangs, without a read (what the leader's

@@ -23,6 +23,7 @@ from webhook.kube.errors import KubeError
 from webhook.quota.admissions import AdmissionJudge
 from webhook.quota.allowances import KEEP_SECONDS
 from webhook.quota.book import RESERVATION_TTL, ReservationBook
+from webhook.quota.gang_room import GangSize, sized_on_pods
 from webhook.quota.line import QueueLine
 from webhook.quota.namespaces import every_namespace_exists
 from webhook.quota.reservations import ReservationStore
@@ -61,6 +62,7 @@ class QuotaLedger:
         catch_up_seconds: float = CATCH_UP_SECONDS,
         relist: Callable[[], None] = lambda: None,
         holder: str = "",
+        gang_size: GangSize = sized_on_pods,
     ) -> None:
         """Build a ledger; with `pods_visible` False (standalone) reservations never expire.
 
@@ -71,6 +73,7 @@ class QuotaLedger:
         record's mark, and `relist` asks the pod watch for a full list; room is set aside
         for this replica, named after `holder`, to admit from without a write
         (`webhook.quota.allowances`), and `keep_allowances` must run (`ReservationBook`).
+        `gang_size` reads the size of a gang a pod is in, for enforce mode.
         """
         self.book = ReservationBook(
             usage,
@@ -85,7 +88,11 @@ class QuotaLedger:
         )
         self.line = QueueLine(self.book, usage)
         self.judge = AdmissionJudge(
-            self.book, self.line, usage_ready=usage_ready, namespace_exists=namespace_exists
+            self.book,
+            self.line,
+            usage_ready=usage_ready,
+            namespace_exists=namespace_exists,
+            gang_size=gang_size,
         )
 
     def should_gate(

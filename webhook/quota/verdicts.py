@@ -4,6 +4,7 @@ reservation is kept under."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from fractions import Fraction
 
@@ -14,6 +15,8 @@ from webhook.config.snapshot import ConfigSnapshot
 from webhook.quota.line import held_in_line
 from webhook.quota.reservations import RecordFull, Reservation
 from webhook.reviews.request import AdmissionRequest
+
+log = logging.getLogger("gpuadm.quota")
 
 
 def when_full(
@@ -80,3 +83,47 @@ def gate_verdict(namespace: str, plan: Plan, config: ConfigSnapshot) -> QuotaVer
         return None
     never = never_fitting(namespace, plan, terms.limits)
     return never if never is not None else QuotaVerdict(True, queued=True)
+
+
+def gate_outside_queue(namespace: str, gate: str, mode: str) -> QuotaVerdict:
+    """Refuse a pod created with gpuadm's gate outside a queue namespace: waiting in line is
+    for queue namespaces, and a pod that brought the gate itself elsewhere would be admitted
+    uncharged and released later, past `enforce`."""
+    return QuotaVerdict(
+        False,
+        f"the scheduling gate {gate} is gpuadm's: it holds pods in line only in "
+        f'namespaces whose GPU quota mode is queue, and namespace "{namespace}" is in '
+        f"{mode} mode: create the pod without it",
+    )
+
+
+def taken_meanwhile(verdict: QuotaVerdict) -> QuotaVerdict:
+    """Refuse a pod of a queue namespace whose room went to another pod while it was being
+    created: the gate that would have held it can only be given at creation. (A pod bound to
+    a node at creation can have no gate: it is told what enforce mode says.)"""
+    return QuotaVerdict(
+        False,
+        f"{verdict.message}; it was taken by another pod while this one was being "
+        "created: create the pod again, and it waits in line",
+        in_use=verdict.in_use,
+        limit=verdict.limit,
+        exceeded=verdict.exceeded,
+    )
+
+
+# While a namespace's record is full, each batch of its admissions finds it so: log it this
+# often at most.
+FULL_LOG_SECONDS = 60.0
+
+
+class FullRecords:
+    """Logs a full record once a minute at most: every batch meets it until it empties."""
+
+    def __init__(self) -> None:
+        self._logged: dict[str, float] = {}
+
+    def log(self, namespace: str, full: RecordFull, now: float) -> None:
+        """Log that a namespace's record is full, unless it was logged lately."""
+        if now - self._logged.get(namespace, float("-inf")) >= FULL_LOG_SECONDS:
+            self._logged[namespace] = now
+            log.warning("%s", full.detail)

@@ -142,6 +142,11 @@ def cluster_app(
         on_policy_change=pods.request_relist,
         watch_seconds=CONFIG_WATCH_SECONDS,
     )
+    gang_sizes = GangSizes(
+        api,
+        usage,
+        strict=lambda namespace: holder.current.quotas.terms(namespace).queueing == "strict",
+    )
     ledger = QuotaLedger(
         usage,
         ConfigMapStore(api, settings.namespace, metrics=metrics),
@@ -151,6 +156,7 @@ def cluster_app(
         namespace_exists=KnownNamespaces(api).exists,
         relist=pods.request_relist,
         holder=settings.identity or "gpuadm",
+        gang_size=gang_sizes.size_of,
     )
     log.info("quota: this replica sets room aside as %s", ledger.book.allowances.holder)
     export_quota(metrics, ledger.book, holder, usage)
@@ -167,11 +173,6 @@ def cluster_app(
         """The classes of a namespace's line that wait for their GPU-hour budget, with why."""
         return hours.held(namespace, usage.line(namespace).by_class(), holder.current)
 
-    gang_sizes = GangSizes(
-        api,
-        usage,
-        strict=lambda namespace: holder.current.quotas.terms(namespace).queueing == "strict",
-    )
     events = EventWriter(
         PodEvents(api, settings.identity or "gpuadm"),
         usage,
