@@ -1,7 +1,7 @@
 # The gpuadm image. Build from the repository root:
 #
-#   docker build -t <registry>/gpuadm:0.2.0 \
-#       --build-arg VERSION=0.2.0 --build-arg REVISION="$(git rev-parse HEAD)" .
+#   docker build -t <registry>/gpuadm:0.3.0-rc.1 \
+#       --build-arg VERSION=0.3.0-rc.1 --build-arg REVISION="$(git rev-parse HEAD)" .
 #
 # BASE is any image with Python 3.11 and its venv module, groupadd and useradd. The default is
 # the official Python image at a full version tag and at the digest of one build of that tag
@@ -43,7 +43,7 @@ RUN python3 -m venv /opt/gpuadm \
 # Last: labels are metadata, so a new version or revision rebuilds no layer. base.name says
 # which base the image was built on, the default above or a local one.
 ARG BASE
-ARG VERSION=0.2.0
+ARG VERSION=0.3.0-rc.1
 ARG REVISION=unknown
 LABEL org.opencontainers.image.title="gpuadm" \
       org.opencontainers.image.description="Kubernetes admission webhook for GPU classes and per-namespace GPU quotas" \

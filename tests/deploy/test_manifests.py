@@ -517,7 +517,7 @@ def test_deployment_runs_three_hardened_replicas(rendered: Rendered) -> None:
         assert _selects_gpuadm_pods(spread["labelSelector"]["matchLabels"], rendered)
 
     (container,) = pod["containers"]
-    assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.2.0"
+    assert container["image"] == "ghcr.io/gpuadm/gpuadm:0.3.0-rc.1"
     serve = ["gpuadm", "serve", "--gpuadm-namespace", "$(POD_NAMESPACE)", "--log-level", "info"]
     # A replica drains before it stops, well within its grace period.
     serve += ["--shutdown-delay-seconds", "5"]
