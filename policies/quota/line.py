@@ -178,6 +178,16 @@ class Line:
         """Return, per class, how many pods wait and the creation time of the oldest."""
         return {name: (len(e), e.oldest[0][0]) for name, e in self._classes.items()}
 
+    def gangs_by_class(self) -> dict[str, tuple[int, str]]:
+        """Return, per class of their first pod in line, how many gangs wait and the
+        creation time of the oldest of those first pods (one visit per gang)."""
+        found: dict[str, tuple[int, str]] = {}
+        for keys in self._gangs.values():
+            head = self._pods[keys[0][3]]
+            count, oldest = found.get(head.class_name, (0, head.created))
+            found[head.class_name] = (count + 1, min(oldest, head.created))
+        return found
+
     def gangs(self) -> dict[str, list[Waiting]]:
         """Return the gangs in line, each with its pods in line order."""
         pods = self._pods

@@ -80,9 +80,11 @@ class QuotaPublisher:
         full_every: float = FULL_EVERY_SECONDS,
         clock: Callable[[], float] = time.monotonic,
         budget_used: Callable[[str], Mapping[str, Fraction]] = lambda namespace: {},
+        gang_sizes: Callable[[str], Mapping[str, int]] = lambda namespace: {},
     ) -> None:
         """`budget_used`: per namespace, the GPU-seconds used of each budget in its window
-        (`HoursLedger.recorded_use`); none known by default."""
+        (`HoursLedger.recorded_use`); none known by default. `gang_sizes`: per namespace,
+        the size of each gang of its line that the leader has read."""
         self.line = line
         self.usage = usage
         self.config = config
@@ -92,6 +94,7 @@ class QuotaPublisher:
         self.full_every = full_every
         self.clock = clock
         self.budget_used = budget_used
+        self.gang_sizes = gang_sizes
         self._due: set[str] = set()
         self._full_at = 0.0
         # What is published: namespace -> object name -> (status, object as stored). None
@@ -176,6 +179,7 @@ class QuotaPublisher:
             # A gated pod with a reservation is charged, its gate about to go: not waiting.
             [w for w in self.usage.waiting(namespace) if w.uid not in reserved],
             budget_used=self.budget_used(namespace),
+            gang_sizes=self.gang_sizes(namespace),
         )
         # A namespace the quota file lists is shown even while it holds nothing (with its
         # budgets, if it has only those); any other (under `default`) once it holds, reserves

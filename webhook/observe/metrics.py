@@ -105,12 +105,28 @@ class _QueueCollector(Collector):
             "How long the longest-waiting pod of a namespace and class has waited.",
             labels=labels,
         )
+        gangs = GaugeMetricFamily(
+            "gpuadm_queue_waiting_gangs",
+            "Gangs of a namespace waiting whole behind gpuadm's scheduling gate, by the class "
+            "of each gang's first pod in line.",
+            labels=labels,
+        )
+        oldest_gang = GaugeMetricFamily(
+            "gpuadm_queue_oldest_gang_wait_seconds",
+            "How long the longest-waiting gang of a namespace and class has waited, from the "
+            "creation of its first pod in line (0 with no gang waiting).",
+            labels=labels,
+        )
         for reading in self._read():
             key = [reading.namespace, reading.gpu_class]
             waiting.add_metric(key, reading.waiting)
             oldest.add_metric(key, reading.oldest_seconds)
+            gangs.add_metric(key, reading.gangs)
+            oldest_gang.add_metric(key, reading.oldest_gang_seconds)
         yield waiting
         yield oldest
+        yield gangs
+        yield oldest_gang
 
 
 class _TaskCollector(Collector):

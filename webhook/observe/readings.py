@@ -42,6 +42,10 @@ class QueueReading(NamedTuple):
     gpu_class: str
     waiting: int
     oldest_seconds: float
+    # The gangs among them (counted by the class of each gang's first pod in line), and how
+    # long the longest-waiting of those has waited.
+    gangs: int = 0
+    oldest_gang_seconds: float = 0.0
 
 
 class TaskReading(NamedTuple):

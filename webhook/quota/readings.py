@@ -53,8 +53,20 @@ def queue_readings(usage: UsageIndex, now: float) -> list[QueueReading]:
     readings = []
     for namespace in sorted(usage.waiting_namespaces()):
         # Counted by the line's index, per class, with its oldest pod: no pass over the line.
-        for class_name, (count, oldest) in sorted(usage.line(namespace).by_class().items()):
-            readings.append(QueueReading(namespace, class_name, count, _since(oldest, now)))
+        line = usage.line(namespace)
+        gangs = line.gangs_by_class()
+        for class_name, (count, oldest) in sorted(line.by_class().items()):
+            in_gangs, oldest_gang = gangs.get(class_name, (0, ""))
+            readings.append(
+                QueueReading(
+                    namespace,
+                    class_name,
+                    count,
+                    _since(oldest, now),
+                    in_gangs,
+                    _since(oldest_gang, now) if in_gangs else 0.0,
+                )
+            )
     return readings
 
 

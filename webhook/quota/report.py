@@ -15,7 +15,7 @@ The ledger judges against in use plus reserved.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
@@ -47,11 +47,28 @@ class ClassReport:
     # no budget, or not known to whoever made the report).
     budget: Budget | None = None
     budget_used: Fraction | None = None
+    # The size of each gang, where it is known (the leader reads what sizes a gang).
+    gang_sizes: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def waiting_gpus(self) -> Fraction:
         """The GPUs the waiting pods ask for together."""
         return sum((w.charge for w in self.waiting), Fraction(0))
+
+    def _gangs(self) -> list[dict[str, Any]]:
+        """The gangs of the waiting pods, in line order: how many of their pods wait, what
+        they ask for, and the size where it is known."""
+        found: dict[str, dict[str, Any]] = {}
+        for w in self.waiting:
+            if not w.gang:
+                continue
+            gang = found.setdefault(w.gang, {"gang": w.gang, "pods": 0, "gpus": Fraction(0)})
+            gang["pods"] += 1
+            gang["gpus"] += w.charge
+            size = self.gang_sizes.get(w.gang, w.gang_size)
+            if size is not None:
+                gang["size"] = size
+        return [{**g, "gpus": format_amount(g["gpus"])} for g in found.values()]
 
     def to_json(self) -> dict[str, Any]:
         """Return the report as `gpuadm quota -o json` prints it and GPUQuota stores it."""
@@ -69,9 +86,12 @@ class ClassReport:
             ],
             "queue": [
                 {"pod": w.name, "gpus": format_amount(w.charge), "position": position}
+                | ({"gang": w.gang} if w.gang else {})
                 for position, w in enumerate(self.waiting[:NAMED_PODS_MAX], start=1)
             ],
         }
+        if gangs := self._gangs():
+            data["gangs"] = gangs[:NAMED_PODS_MAX]
         if self.limit is not None:
             data["limit"] = format_amount(self.limit)
         if len(self.holders) > NAMED_PODS_MAX:
@@ -93,6 +113,7 @@ def namespace_report(
     line: Sequence[Waiting],
     *,
     budget_used: Mapping[str, Fraction] | None = None,
+    gang_sizes: Mapping[str, int] | None = None,
 ) -> list[ClassReport]:
     """Report each class the namespace has a limit or a GPU-hour budget for, holds, reserves
     or waits for, and `*` when it has a cap or a budget across classes. Classes come in name
@@ -100,6 +121,7 @@ def namespace_report(
 
     `budget_used`: per class with a budget (or `*`), the GPU-seconds used in the budget's
     window; a class it leaves out reports its budget without what was used of it.
+    `gang_sizes`: the size of each gang of the line, where it is known.
     """
     terms = quotas.terms(namespace)
     limits, mode, budgets = terms.limits, terms.mode, terms.budgets
@@ -130,6 +152,7 @@ def namespace_report(
             [w for w in ordered if w.class_name == name],
             budgets.get(name),
             used,
+            gang_sizes or {},
         )
         for name in classes
     ]
@@ -146,6 +169,7 @@ def namespace_report(
                 ordered,
                 budgets.get(ALL_CLASSES),
                 used,
+                gang_sizes or {},
             )
         )
     return reports
@@ -161,6 +185,7 @@ def _report(
     waiting: list[Waiting],
     budget: Budget | None,
     budget_used: Mapping[str, Fraction],
+    gang_sizes: Mapping[str, int],
 ) -> ClassReport:
     return ClassReport(
         namespace=namespace,
@@ -174,6 +199,7 @@ def _report(
         budget=budget,
         # What was used is said only of a budget: without one there is no window to count in.
         budget_used=None if budget is None else budget_used.get(class_name),
+        gang_sizes=gang_sizes,
     )
 
 

@@ -207,6 +207,7 @@ def cluster_app(
         budget_used=lambda namespace: hours.recorded_use(
             namespace, holder.current.quotas.budgets_for(namespace)
         ),
+        gang_sizes=lambda namespace: gang_sizes.known(namespace).sizes,
     )
     usage.on_change(releaser.wake)
     usage.on_change(publisher.wake)

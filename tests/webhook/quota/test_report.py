@@ -268,3 +268,35 @@ def test_queue_readings_give_each_line_its_length_and_oldest_wait() -> None:
         ("team-q", "a100", 2, 600.0),
         ("team-q", "h100", 2, 570.0),
     ]
+
+
+def test_queue_readings_count_the_gangs_waiting_and_the_oldest_gang_wait() -> None:
+    snapshot = snapshot_from_text(POLICY_YAML, QUOTAS, policy_source="p", quotas_source="q")
+    usage = UsageIndex()
+    for name, gang, created in [
+        ("lone", "", "2026-01-01T00:00:00Z"),
+        ("g1-a", "g1", "2026-01-01T00:02:00Z"),
+        ("g1-b", "g1", "2026-01-01T00:03:00Z"),
+        ("g2-a", "g2", "2026-01-01T00:05:00Z"),
+    ]:
+        body = pod({"gpuadm.io/a100": "1"})
+        body = jsonpatch.apply_patch(body, plan(body, snapshot.policy).patch)
+        body = jsonpatch.apply_patch(body, [add_gate(body, "gpuadm.io/quota")])
+        body["metadata"].update(namespace="team-q", name=name, uid=name, creationTimestamp=created)
+        if gang:
+            body["metadata"]["annotations"].update(
+                {"gpuadm.io/gang": gang, "gpuadm.io/gang-size": "2"}
+            )
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    now = 1767225600.0 + 600  # 2026-01-01T00:10:00Z
+    (reading,) = queue_readings(usage, now)
+    assert (reading.waiting, reading.gangs, reading.oldest_gang_seconds) == (4, 2, 480.0)
+    reports = namespace_report(
+        "team-q", load_quotas(QUOTAS), [], [], usage.waiting("team-q"), gang_sizes={"gpuadm/g2": 3}
+    )
+    shown = by_class(reports)["a100"]
+    assert shown["gangs"] == [
+        {"gang": "gpuadm/g1", "pods": 2, "gpus": "2", "size": 2},
+        {"gang": "gpuadm/g2", "pods": 1, "gpus": "1", "size": 3},
+    ]
+    assert [q.get("gang") for q in shown["queue"]] == [None, "gpuadm/g1", "gpuadm/g1", "gpuadm/g2"]
