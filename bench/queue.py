@@ -8,7 +8,10 @@ Three figures, each beside its anchor, the same measurement with an empty line:
   one joins, every 100 ms) and this replica leads: releasing and Event writing run on the
   same event loop as admissions;
 - the release of a pod that fits, in one namespace, just after 2,000 pods joined the line of
-  another (whose Events are all still to write).
+  another (whose Events are all still to write);
+- the release of a gang of 64 pods that fits, from its line to the last gate removed, beside
+  the release of 64 pods of no gang (turns of 20: four record writes, where the gang takes
+  one).
 
 They are measured in process, driving the real `UsageIndex`, `QuotaLedger`, `Releaser` and
 `EventWriter`, with a stand-in for the apiserver: pods and Events kept in dicts, every call
@@ -46,6 +49,7 @@ namespaces:
   team-long: {mode: queue, a100: 1}
   team-b: {mode: queue, a100: 4}
   team-e: {a100: 100000}
+  team-g: {mode: queue, a100: 64}
 """
 GATE = "gpuadm.io/quota"
 # One apiserver call, as measured through a real apiserver on the development VM (a GET or
@@ -54,6 +58,7 @@ CALL_SECONDS = 0.002
 LONG_LINE = 20_000
 FRESH_LINE = 2_000
 CHURN_SECONDS = 0.1
+GANG = 64
 
 
 def snapshot() -> ConfigSnapshot:
@@ -287,6 +292,32 @@ async def release_beside_ms(waiting: int) -> dict[str, float]:
     return {"ms": took * 1e3, "apiserver_calls": calls}
 
 
+async def release_all_ms(count: int, *, gang: bool) -> float:
+    """Time from `count` fitting pods in team-g's line (a gang of them, or pods of no gang)
+    to the last of their gates removed, by a leader that starts with them in line."""
+    config = snapshot()
+    pods = Pods(config)
+    leader = Leader(config)
+    template = pods.make("team-g")
+    if gang:
+        template["metadata"]["annotations"].update(
+            {"gpuadm.io/gang": "bench", "gpuadm.io/gang-size": str(count)}
+        )
+    line = pods.copies(template, count)
+    leader.observe(*line)
+    names = {body["metadata"]["name"] for body in line}
+    # The last in line is ungated last: a turn removes gates in line order.
+    leader.api.awaited = line[-1]["metadata"]["name"]
+    started = time.perf_counter()
+    leader.start()
+    async with asyncio.timeout(60):
+        await leader.api.released.wait()
+    assert names <= leader.api.ungated_at.keys()
+    took = max(leader.api.ungated_at[name] for name in names) - started
+    await leader.stop()
+    return took * 1e3
+
+
 def queue_figures(rounds: int, seconds: float) -> dict[str, Any]:
     """Measure each figure and its anchor in turn, `rounds` times; keep the medians."""
 
@@ -300,6 +331,8 @@ def queue_figures(rounds: int, seconds: float) -> dict[str, Any]:
                 "beside-long",
                 "release-0",
                 "release-fresh",
+                "release-pods",
+                "release-gang",
             )
         }
         for _ in range(rounds):
@@ -309,6 +342,8 @@ def queue_figures(rounds: int, seconds: float) -> dict[str, Any]:
             found["beside-long"].append(await admissions_beside_ms(LONG_LINE, seconds))
             found["release-0"].append(await release_beside_ms(0))
             found["release-fresh"].append(await release_beside_ms(FRESH_LINE))
+            found["release-pods"].append(await release_all_ms(GANG, gang=False))
+            found["release-gang"].append(await release_all_ms(GANG, gang=True))
         return found
 
     found = asyncio.run(measure())
@@ -334,5 +369,7 @@ def queue_figures(rounds: int, seconds: float) -> dict[str, Any]:
             "0": median_of("release-0", "ms"),
             "fresh": median_of("release-fresh", "ms"),
         },
+        "gang_size": GANG,
+        "release_all_ms": {"pods": median_of("release-pods"), "gang": median_of("release-gang")},
         "raw": found,
     }

@@ -202,6 +202,23 @@ def queue_rows(queue: dict[str, Any]) -> list[Row]:
             release["0"],
             2,
         ),
+        *_gang_rows(queue),
+    ]
+
+
+def _gang_rows(queue: dict[str, Any]) -> list[Row]:
+    """A gang released whole against as many pods of no gang (results from before gangs
+    have none)."""
+    if "release_all_ms" not in queue:
+        return []
+    every, size = queue["release_all_ms"], queue["gang_size"]
+    return [
+        ratio_at_most(
+            f"queue: release a gang of {size} vs {size} lone pods (ms)",
+            every["gang"],
+            every["pods"],
+            1.25,
+        )
     ]
 
 

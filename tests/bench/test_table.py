@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.table import Row, burst_rows
+import pytest
+
+from bench.table import Row, burst_rows, queue_rows
 
 SIZE, FIT = 200, 150
 
@@ -57,3 +59,30 @@ def test_results_from_before_the_balanced_no_op_say_their_anchor_was_unbalanced(
     rows = _rows({"native": _runs(1.0), "noop": _runs(2.0), "gpuadm-3": _runs(3.0)})
     three = rows[f"burst of {SIZE}, gpuadm x3 vs two no-op webhooks, unbalanced (s)"]
     assert (three.anchor, three.met) == (2.0, False)
+
+
+def _queue(**extra: Any) -> dict[str, Any]:
+    return {
+        "long_line": 20_000,
+        "fresh_line": 2_000,
+        "gated_admission_ms": {"0": 0.2, "long": 0.3},
+        "beside_p50_ms": {"0": 0.2, "long": 0.2},
+        "beside_p99_ms": {"0": 0.4, "long": 1.0},
+        "release_ms": {"0": 5.0, "fresh": 5.5},
+        **extra,
+    }
+
+
+@pytest.mark.parametrize(
+    ("gang_ms", "met"),
+    [pytest.param(400.0, True, id="at-the-ratio"), pytest.param(401.0, False, id="just-past")],
+)
+def test_a_gang_of_64_is_held_to_64_lone_pods(gang_ms: float, met: bool) -> None:
+    queue = _queue(gang_size=64, release_all_ms={"pods": 320.0, "gang": gang_ms})
+    (row,) = [r for r in queue_rows(queue) if "gang" in r.figure]
+    assert row.figure == "queue: release a gang of 64 vs 64 lone pods (ms)"
+    assert (row.value, row.anchor, row.met) == (gang_ms, 320.0, met)
+
+
+def test_results_from_before_gangs_have_no_gang_row() -> None:
+    assert not [r for r in queue_rows(_queue()) if "gang" in r.figure]
