@@ -138,6 +138,12 @@ class Place:
     ahead: int
     reason: str
 
+    def missing_members(self) -> bool:
+        """Tell whether the pod waits for its gang to be whole (or sized), not for room."""
+        return bool(self.pod.gang) and self.reason.startswith(
+            f"the {gang_name(self.pod.gang)} "
+        )
+
     def message(self) -> str:
         """Say what the pod waits for, as its Event does."""
         ahead = f"{self.ahead} pod{'' if self.ahead == 1 else 's'} ahead of it in line"
@@ -279,7 +285,7 @@ def decide_gang(
                     f'namespace "{namespace}": {_label(limit_key)} quota is held for the '
                     f"{gang_name(key)} ahead, which {missing}"
                 )
-        return missing
+        return missing if gangs is None else f"the {gang_name(key)} {missing}"
     trial = dict(used)
     for pod in members:
         verdict = judge(
@@ -309,10 +315,10 @@ def _not_whole(key: str, here: int, gangs: Gangs | None) -> str | None:
     if gangs is None:
         return "is a gang: its pods go together, once all of them are there and fit"
     if key in gangs.unknown:
-        return gangs.unknown[key]
+        return f"waits: {gangs.unknown[key]}"
     size = gangs.sizes.get(key)
     if size is None:
-        return "its size is not known yet"
+        return "waits: its size is not known yet"
     present = here + gangs.running.get(key, 0)
     if present >= size:
         return None

@@ -36,6 +36,10 @@ log = logging.getLogger("gpuadm.events")
 
 WAITING = "GPUQuotaWaiting"
 RELEASED = "GPUQuotaReleased"
+# A Warning on each pod of a gang still not whole (or not sized) this long after the pod's
+# creation: the gang may never become whole, and its pods say what it misses.
+GANG_INCOMPLETE = "GPUQuotaGangIncomplete"
+GANG_TIMEOUT_SECONDS = 120.0
 MIN_INTERVAL_SECONDS = 5.0
 # Events expire an hour after their last write by default (the apiserver's --event-ttl).
 REFRESH_SECONDS = 1800.0
@@ -53,7 +57,7 @@ def _now() -> str:
 
 def event_name(pod: Waiting, reason: str) -> str:
     """Name a pod's Event of one reason (a uid part tells pods of one name apart)."""
-    kind = "waiting" if reason == WAITING else "released"
+    kind = {WAITING: "waiting", GANG_INCOMPLETE: "gang"}.get(reason, "released")
     return f"{pod.name[:200]}.gpuadm-{kind}-{pod.uid[:8]}"
 
 
@@ -67,12 +71,18 @@ class PodEvents:
         *,
         min_interval: float = MIN_INTERVAL_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        gang_timeout: float = GANG_TIMEOUT_SECONDS,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
-        """Write through `api`, naming this replica as `instance`."""
+        """Write through `api`, naming this replica as `instance`; warn of a gang still not
+        whole `gang_timeout` seconds after a pod of it was created (by `wall_clock`)."""
         self.api = api
         self.instance = instance
         self.min_interval = min_interval
         self.clock = clock
+        self.gang_timeout = gang_timeout
+        self.wall_clock = wall_clock
+        self._warned: set[str] = set()  # pods warned that their gang is not whole
         # uid -> (reason text without the position, the full message, when written)
         self._said: dict[str, tuple[str, str, float]] = {}
 
@@ -84,11 +94,17 @@ class PodEvents:
     def due(self, place: Place) -> bool:
         """Tell whether the pod's Event is to be written: what it says changed (at most every
         `min_interval`), or it is about to expire."""
+        return self._waiting_due(place) or self._warning_due(place)
+
+    def _waiting_due(self, place: Place) -> bool:
         said = self._said.get(place.pod.uid)
         if said is None:
             return True
         age = self.clock() - said[2]
         return age >= self.min_interval and (said[1] != place.message() or age >= REFRESH_SECONDS)
+
+    def _warning_due(self, place: Place) -> bool:
+        return place.pod.uid not in self._warned and self._incomplete_too_long(place)
 
     async def waiting_one(self, place: Place) -> bool:
         """Tell a waiting pod what it waits for, if that is due; return whether it wrote."""
@@ -97,9 +113,22 @@ class PodEvents:
         if not self.due(place):
             return False
         message = place.message()
-        if await self._write(place.pod, WAITING, message):
+        if self._waiting_due(place) and await self._write(place.pod, WAITING, message):
             self._said[place.pod.uid] = (place.reason, message, self.clock())
+        if self._warning_due(place):
+            warning = f"gang still not whole after {self.gang_timeout:.0f} s: {place.reason}"
+            if await self._write(place.pod, GANG_INCOMPLETE, warning, kind="Warning"):
+                self._warned.add(place.pod.uid)
         return True
+
+    def _incomplete_too_long(self, place: Place) -> bool:
+        if not place.missing_members():
+            return False
+        try:
+            created = datetime.fromisoformat(place.pod.created).timestamp()
+        except ValueError:
+            return False
+        return self.wall_clock() - created >= self.gang_timeout
 
     def told(self, uid: str) -> bool:
         """Tell whether this pod was told that it waits."""
@@ -127,8 +156,11 @@ class PodEvents:
     def forget_all_but(self, waiting: Callable[[str], bool]) -> None:
         """Forget what was said to pods no longer in line."""
         self._said = {uid: said for uid, said in self._said.items() if waiting(uid)}
+        self._warned = {uid for uid in self._warned if waiting(uid)}
 
-    async def _write(self, pod: Waiting, reason: str, message: str) -> bool:
+    async def _write(
+        self, pod: Waiting, reason: str, message: str, *, kind: str = "Normal"
+    ) -> bool:
         name = event_name(pod, reason)
         try:
             found = await self.api.get_event(pod.namespace, name)
@@ -141,11 +173,11 @@ class PodEvents:
                 await self.api.replace_event(pod.namespace, found)
                 return True
             if found is not None:  # an older pod's of the same name: start afresh
-                body = self._body(pod, reason, message)
+                body = self._body(pod, reason, message, kind)
                 body["metadata"] = found["metadata"]
                 await self.api.replace_event(pod.namespace, body)
                 return True
-            await self.api.create_event(pod.namespace, self._body(pod, reason, message))
+            await self.api.create_event(pod.namespace, self._body(pod, reason, message, kind))
             return True
         except KubeError as error:
             # An Event is information: losing one must not hold up releases.
@@ -154,7 +186,7 @@ class PodEvents:
             )
             return False
 
-    def _body(self, pod: Waiting, reason: str, message: str) -> dict[str, Any]:
+    def _body(self, pod: Waiting, reason: str, message: str, kind: str) -> dict[str, Any]:
         now = _now()
         return {
             "apiVersion": "v1",
@@ -169,7 +201,7 @@ class PodEvents:
             },
             "reason": reason,
             "message": message[:EVENT_MESSAGE_MAX],
-            "type": "Normal",
+            "type": kind,
             "source": {"component": "gpuadm"},
             "reportingComponent": "gpuadm.io/queue",
             "reportingInstance": self.instance,

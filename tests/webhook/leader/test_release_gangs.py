@@ -5,6 +5,7 @@ ungated together."""
 from __future__ import annotations
 
 import copy
+from datetime import datetime
 from typing import Any
 
 from tests.webhook.leader.test_release import Cluster
@@ -78,6 +79,7 @@ def leader(
             lambda namespace: ledger.line.placer(
                 namespace, snapshot.quotas.limits_for(namespace), gangs=sizes.known(namespace)
             ),
+            sweep_every=0,  # each step may sweep a line again: the tests drive it
         ),
         leading=lambda: True,
         ready=lambda: True,
@@ -169,8 +171,18 @@ async def test_a_job_gang_not_yet_whole_waits_and_goes_once_its_last_pod_comes()
     await releaser.pass_once()
     assert cluster.patched == []
     await releaser.events.step()
-    (event,) = cluster.events.values()
-    assert "is not whole: 1 of its 2 pods exist, it waits for 1 more" in event["message"]
+    by_reason = {e["reason"]: e for e in cluster.events.values()}
+    assert (
+        "the gang 'pair' (job) is not whole: 1 of its 2 pods exist, it waits for 1 more"
+        in (by_reason["GPUQuotaWaiting"]["message"])
+    )
+    # Created long before this test's clock: past the timeout, the gang is warned of too.
+    warning = by_reason["GPUQuotaGangIncomplete"]
+    assert warning["type"] == "Warning"
+    assert warning["message"] == (
+        "gang still not whole after 120 s: the gang 'pair' (job) is not whole: 1 of its 2 pods "
+        "exist, it waits for 1 more"
+    )
 
     second = member("", job="pair")
     observe(usage, second)
@@ -320,3 +332,24 @@ async def test_a_turn_reads_a_bounded_number_of_sizes_and_podgroups_by_their_for
     assert cluster.reads == 3  # the third gang now; the first two are kept
     assert known.sizes == {"coscheduling/coscheduling-group": 3, "volcano/volcano-group": 1}
     assert known.unknown == {"kai/kai-group": "its PodGroup kai-group (kai) does not exist (yet)"}
+
+
+async def test_a_gang_still_assembling_within_its_timeout_gets_no_warning() -> None:
+    usage = UsageIndex()
+    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    first = member("", job="pair")
+    observe(usage, first)
+    cluster = Jobs(first, jobs={"pair": 2})
+    releaser = leader(ledger, usage, cluster)
+    created = datetime.fromisoformat(first["metadata"]["creationTimestamp"]).timestamp()
+    releaser.events.events.wall_clock = lambda: created + 119
+    await releaser.pass_once()
+    await releaser.events.step()
+    assert {e["reason"] for e in cluster.events.values()} == {"GPUQuotaWaiting"}
+    releaser.events.events.wall_clock = lambda: created + 120
+    releaser.events.wake_all()
+    await releaser.events.step()
+    assert {e["reason"] for e in cluster.events.values()} == {
+        "GPUQuotaWaiting",
+        "GPUQuotaGangIncomplete",
+    }
