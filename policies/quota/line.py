@@ -395,22 +395,7 @@ class Line:
             if verdict.allowed:
                 return None
             reason = verdict.message or "quota exceeded"
-        everyone = ALL_CLASSES in limits
-
-        def counts(other: Waiting) -> bool:
-            return everyone or other.class_name == pod.class_name
-
-        bound = (*order, _LAST)
-        entries = self._classes.values() if everyone else [self._classes.get(pod.class_name)]
-        ahead = sum(bisect_left(e.fit, bound) + bisect_left(e.never, bound) for e in entries if e)
-        # The pods of the index left out, and the pod itself if it is in line, are not ahead.
-        for uid in _Either(excluded, pod.uid):
-            other = self._pods.get(uid)
-            if other is not None and counts(other) and other.order() <= order:
-                ahead -= 1
-        ahead += sum(1 for other in extras if counts(other) and other.order() <= order)
-        ahead -= sum(1 for other in walked.released if counts(other) and other.order() <= order)
-        return Place(pod, ahead, reason)
+        return Place(pod, self._ahead(pod, limits, excluded, extras, walked.released), reason)
 
     def _place_in_gang(
         self,
@@ -459,25 +444,40 @@ class Line:
             )
             if reason is None:  # cannot be: a gang the walk did not meet waits
                 return None
-        head = members[0]
-        order = head.order()
+        # It stands where its gang's first pod does.
+        ahead = self._ahead(members[0], limits, others, joining, walked.released)
+        return Place(pod, ahead, reason)
+
+    def _ahead(
+        self,
+        pod: Waiting,
+        limits: Mapping[str, Fraction],
+        excluded: Collection[str],
+        extras: Sequence[Waiting],
+        released: Sequence[Waiting],
+    ) -> int:
+        """Count the pods that wait ahead of `pod` for the same limits: those of the index
+        and of `extras` up to its order, less those left out, the pod itself, and those a
+        walk to it released."""
+        order = pod.order()
         everyone = ALL_CLASSES in limits
 
         def counts(other: Waiting) -> bool:
-            return everyone or other.class_name == head.class_name
+            return everyone or other.class_name == pod.class_name
 
         bound = (*order, _LAST)
-        entries = self._classes.values() if everyone else [self._classes.get(head.class_name)]
+        entries = self._classes.values() if everyone else [self._classes.get(pod.class_name)]
         ahead = sum(bisect_left(e.fit, bound) + bisect_left(e.never, bound) for e in entries if e)
-        for uid in _Either(others, head.uid):
+        # The pods of the index left out, and the pod itself if it is in line, are not ahead.
+        for uid in _Either(excluded, pod.uid):
             other = self._pods.get(uid)
             if other is not None and counts(other) and other.order() <= order:
                 ahead -= 1
         ahead += sum(
-            1 for other in joining if other is not head and counts(other) and other.order() <= order
+            1 for other in extras if other is not pod and counts(other) and other.order() <= order
         )
-        ahead -= sum(1 for other in walked.released if counts(other) and other.order() <= order)
-        return Place(pod, ahead, reason)
+        ahead -= sum(1 for other in released if counts(other) and other.order() <= order)
+        return ahead
 
     def _sort_for(self, limits: Mapping[str, Fraction]) -> None:
         """Put apart, in each class, the pods that can never fit under these limits (a pass

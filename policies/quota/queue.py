@@ -140,9 +140,7 @@ class Place:
 
     def missing_members(self) -> bool:
         """Tell whether the pod waits for its gang to be whole (or sized), not for room."""
-        return bool(self.pod.gang) and self.reason.startswith(
-            f"the {gang_name(self.pod.gang)} "
-        )
+        return bool(self.pod.gang) and self.reason.startswith(f"the {gang_name(self.pod.gang)} ")
 
     def message(self) -> str:
         """Say what the pod waits for, as its Event does."""
