@@ -299,9 +299,6 @@ class AdmissionJudge:
                     # than that would only keep such pods from the other replicas.
                     taking[class_name] = max(taking.get(class_name, ZERO), pending.plan.charge)
             verdicts.append(verdict)
-            if grown and not pending.request.dry_run:  # the gang's room, in the same write
-                totals = {**totals, class_name: totals.get(class_name, ZERO) + grown}
-                reserved = True
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
                 made = Reservation(class_name, pending.plan.charge, now, pending.request.pod_name)
                 reservations[key] = made
@@ -312,6 +309,11 @@ class AdmissionJudge:
                         **in_use,
                         class_name: in_use.get(class_name, Fraction(0)) + pending.plan.charge,
                     }
+            # The gang's room, set aside or taken from in the same write: after the pod's
+            # own charge, which is counted from `in_use` (the total before this pod).
+            if grown and not pending.request.dry_run:
+                totals = {**totals, class_name: totals.get(class_name, ZERO) + grown}
+                reserved = True
         # A pod that waits for room others hold says so in the record, and then no replica
         # sets room aside until it is judged again: what they give back stays free for it.
         allowances = book.allowances

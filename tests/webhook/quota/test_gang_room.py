@@ -187,7 +187,8 @@ async def test_gangs_and_pods_racing_through_three_replicas_never_start_half_a_g
     seed: int,
 ) -> None:
     """Five gangs of 3 and six lone pods, all at once, through three replicas on one record,
-    against room for 9: never more than 9 held, and each gang whole or not at all."""
+    against room for 4: never more than 4 held, pods and gangs' room together, and each gang
+    whole or not at all."""
     store = MemoryStore()
     clock = Clock()
     replicas = [ledger_on(store, clock, holder=f"r{i}") for i in range(3)]
@@ -202,8 +203,20 @@ async def test_gangs_and_pods_racing_through_three_replicas_never_start_half_a_g
         uid(body) for body, verdict in zip(creates, verdicts, strict=True) if verdict.allowed
     }
     held = await charges(store)
-    assert 6 <= len(admitted) <= 9  # room was used, never past the limit
-    assert sum(v for k, v in held.items() if not k.startswith(ROOM_PREFIX)) <= 9
+    assert 1 <= len(admitted) <= 4  # room was used, never past the limit
+    assert sum(held.values()) <= 4
     for name, pods in gangs.items():
         whole = sum(uid(p) in admitted for p in pods)
         assert whole in (0, 3), (name, whole)
+
+
+async def test_a_gangs_first_pod_and_lone_pods_judged_in_one_batch_share_the_limit() -> None:
+    """The room the first pod sets aside counts for the pods judged after it in the same
+    write: a gang of 4 and 3 lone pods against 4 admit the gang's first pod alone."""
+    store = MemoryStore()
+    ledger = ledger_on(store)
+    first = member(size=4)
+    lone = [stored_pod(H100, "team-g") for _ in range(3)]
+    verdicts = await asyncio.gather(admit(ledger, first), *(admit(ledger, p) for p in lone))
+    assert [v.allowed for v in verdicts] == [True, False, False, False]
+    assert sum((await charges(store)).values()) == 4
