@@ -33,6 +33,9 @@ POD_GROUP_APIS = {
 }
 # The Job a pod's controller reference names, whose spec sizes its gang.
 JOB_API_VERSION = "batch/v1"
+# The longest name of a gang: an object's name (a PodGroup's, a Job's) is at most this long,
+# and the name goes into records, messages and the GPUQuota status.
+MAX_GANG_NAME = 253
 # A gang larger than this is not a gang any scheduler would place whole: read as a mistake.
 MAX_GANG_SIZE = 10_000
 
@@ -95,6 +98,18 @@ def named_group(
     pod itself. Raises `GangError` for a size that is not a whole number from 1 to
     `MAX_GANG_SIZE`, or a size without a name.
     """
+    found = _named_group(metadata, pod_groups)
+    if found is not None and len(found.name) > MAX_GANG_NAME:
+        raise GangError(
+            f"the {found.source} gang's name is {len(found.name)} characters long: at most "
+            f"{MAX_GANG_NAME}, as an object's name"
+        )
+    return found
+
+
+def _named_group(
+    metadata: Mapping[str, Any], pod_groups: Mapping[tuple[str, str], int]
+) -> Gang | None:
     labels = _strings(metadata.get("labels"))
     annotations = _strings(metadata.get("annotations"))
     for source, name in (

@@ -13,9 +13,9 @@ import yaml
 from policies import load_quotas
 from policies.quota.queue import Waiting
 from webhook.leader.publish import quota_object
+from webhook.quota.holdings import Holding
 from webhook.quota.report import NAMED_PODS_MAX, namespace_report
 from webhook.quota.reservations import Reservation
-from webhook.quota.usage import Holding
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = [REPO / "deploy/base/crd.yaml", REPO / "deploy/helm/gpuadm/templates/gpuquota-crd.yaml"]

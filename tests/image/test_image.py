@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from tests.builders import POLICY_YAML, QUOTAS_YAML, pod, review
 from tests.image.container import (
@@ -40,7 +41,9 @@ from tests.support import free_port
 
 pytestmark = [pytest.mark.image, pytest.mark.e2e]
 
-VERSION: str = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+VERSION: str = str(
+    Version(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"])
+)
 START_SECONDS = 60
 
 

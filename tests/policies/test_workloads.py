@@ -492,3 +492,11 @@ def test_the_gang_of_a_pod(metadata: dict[str, object], gang: Gang | None) -> No
 )
 def test_a_job_gang_size(job: dict[str, object], size: int) -> None:
     assert job_gang_size(job) == size
+
+
+def test_a_gang_name_longer_than_an_object_name_is_refused() -> None:
+    metadata = {"annotations": {"gpuadm.io/gang": "g" * 254, "gpuadm.io/gang-size": "2"}}
+    with pytest.raises(GangError, match="254 characters long: at most 253"):
+        pod_gang(metadata)
+    metadata["annotations"]["gpuadm.io/gang"] = "g" * 253
+    assert pod_gang(metadata) == Gang("gpuadm", "g" * 253, 2)

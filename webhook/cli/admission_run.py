@@ -100,9 +100,17 @@ async def review_all(
         # In a queue namespace a gang waits whole and goes whole: each of its pods is made,
         # and the leader's turn decides.
         gang = judged.pod_set.gang
-        whole = gang is not None and gang.size is not None
-        in_line = whole and config.quotas.terms(namespace).mode == "queue"
-        pod = _as_gang_member(judged.pod, gang) if in_line and gang is not None else judged.pod
+        # In an enforce namespace its first pod is judged for the whole gang. The groups of a
+        # LeaderWorkerSet share its name here, and are judged pod by pod.
+        mode = config.quotas.terms(namespace).mode
+        whole = (
+            gang is not None
+            and gang.size is not None
+            and gang.source != "LeaderWorkerSet"
+            and mode in ("queue", "enforce")
+        )
+        in_line = whole and mode == "queue"
+        pod = _as_gang_member(judged.pod, gang) if whole and gang is not None else judged.pod
         tally = _Tally()
         created = 0
         while created < copies and left:
@@ -378,13 +386,17 @@ def _gang_total(
         said = f"waits whole, and its {size} pods go together once they fit: " + (
             waits_because or "they wait in line"
         )
+    elif tally.runs == 0 and tally.refused:
+        said = (
+            f"none of its pods run ({size} needed): its first pod is refused unless the whole "
+            "gang fits, so nothing is held"
+        )
     elif tally.runs == 0:
         said = f"none of its pods run ({size} needed): nothing is held while it waits"
     else:
         said = (
             f"only {tally.runs} of the {size} pods it needs would run: they hold their GPUs "
-            f"while the rest wait or are refused (in {mode} mode gpuadm admits a gang's pods "
-            "one by one; in queue mode it admits a gang whole)"
+            "while the rest wait or are refused"
         )
     return {
         "namespace": namespace,

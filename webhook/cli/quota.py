@@ -80,10 +80,10 @@ async def cluster_reports(
     from webhook.gpu_hours.store import HoursStore
     from webhook.kube.objects import USAGE_RECORD_LABEL
     from webhook.quota.configmap_store import record_of
+    from webhook.quota.holdings import Holding, pod_state
     from webhook.quota.ledger import RESERVATION_TTL
     from webhook.quota.report import namespace_report, reported_namespaces, reservations_to_report
     from webhook.quota.reservations import Reservation
-    from webhook.quota.usage import Holding, pod_state
 
     config = await cluster_config(api, gpuadm_namespace)
     # The records before the pods: a reservation leaves its record only once a watch has

@@ -36,9 +36,11 @@ ROOM_PREFIX = "gang:"
 GangSize = Callable[[str, Gang], Awaitable[int | str]]
 
 
-async def sized_on_pods(namespace: str, gang: Gang) -> int | str:
-    """The size only the pods themselves carry (gpuadm serving without an apiserver)."""
-    return gang.size if gang.size is not None else f"its {gang.describe()} has no size at hand"
+async def sized_on_pods(namespace: str, gang: Gang) -> int:
+    """The size only the pods themselves carry, without an apiserver (serving from files,
+    `gpuadm review`): a gang its owner sizes (a Job, a PodGroup) is then judged pod by pod,
+    as a gang of one, since nothing says more."""
+    return gang.size if gang.size is not None else 1
 
 
 @dataclass(frozen=True, slots=True)

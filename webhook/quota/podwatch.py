@@ -22,7 +22,8 @@ from webhook.config.snapshot import ConfigHolder, ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi, WatchEvent
 from webhook.observe.metrics import Metrics
-from webhook.quota.usage import Holding, UsageIndex, pod_state
+from webhook.quota.holdings import Holding, pod_state
+from webhook.quota.usage import UsageIndex
 
 log = logging.getLogger("gpuadm.pods")
 

@@ -23,8 +23,8 @@ from policies.quantity import format_amount
 from policies.quota.budget import Budget
 from policies.quota.queue import Waiting, in_line_order
 from policies.quota.quotas import ALL_CLASSES, QuotaConfig
+from webhook.quota.holdings import Holding
 from webhook.quota.reservations import Reservation
-from webhook.quota.usage import Holding
 
 # The pods a report names, at most, per class: enough to see who holds a quota, small enough
 # for an object a tenant reads with kubectl (the counts stay exact).

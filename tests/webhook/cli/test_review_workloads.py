@@ -92,7 +92,7 @@ def test_the_example_job_with_room_for_two_waits_whole_in_its_queue_namespace(
     assert "its 3 waiting pods need 3 at once, in use 2 of 4" in out
 
 
-def test_a_gang_in_enforce_mode_is_still_admitted_pod_by_pod(tmp_path: Path) -> None:
+def test_a_gang_in_enforce_mode_is_refused_whole(tmp_path: Path) -> None:
     job = workload("Job")
     job["apiVersion"] = "batch/v1"
     job["metadata"]["namespace"] = "team-e"
@@ -101,7 +101,7 @@ def test_a_gang_in_enforce_mode_is_still_admitted_pod_by_pod(tmp_path: Path) -> 
     code, result = review_with(tmp_path, [job], quotas)
     assert code == 1
     (gang,) = [t for t in result["totals"] if "gang" in t]
-    assert "in enforce mode gpuadm admits a gang's pods one by one" in gang["summary"]
+    assert "its first pod is refused unless the whole gang fits" in gang["summary"]
 
 
 def test_several_documents_and_lists_are_each_reviewed(tmp_path: Path) -> None:
@@ -339,11 +339,15 @@ def test_a_training_job_on_its_own_is_judged_as_a_gang(tmp_path: Path) -> None:
     assert code == 1
     master, worker = result["items"]
     assert master["object"] == "PyTorchJob/train pytorchReplicaSpecs.Master"
-    assert (worker["workload"]["pods"], worker["workload"]["runs"]) == (3, 2)
+    # Its master is its first pod, refused for the whole gang (4 of 0.5 against 1.5); so is
+    # its first worker, and the others meet the same.
+    assert (master["workload"]["pods"], master["workload"]["runs"]) == (1, 0)
+    assert (worker["workload"]["pods"], worker["workload"]["runs"]) == (3, 0)
     gang = next(t for t in result["totals"] if "gang" in t)
     assert gang["gang"] == {"form": "PyTorchJob", "name": "train", "size": 4}
-    assert gang["summary"].startswith(
-        "namespace team-d, gang 'train' of 4 (PyTorchJob): only 3 of the 4 pods it needs"
+    assert gang["summary"] == (
+        "namespace team-d, gang 'train' of 4 (PyTorchJob): none of its pods run (4 needed): "
+        "its first pod is refused unless the whole gang fits, so nothing is held"
     )
 
 
@@ -590,8 +594,9 @@ def test_a_gang_not_in_groups_is_said_to_miss_its_size(tmp_path: Path) -> None:
     code, result = review_with(tmp_path, [job], quotas)
     assert code == 1
     gang = next(t for t in result["totals"] if "gang" in t)
-    assert gang["summary"].startswith(
-        "namespace team-d, gang 'g' of 2 (gpuadm): only 1 of the 2 pods it needs would run"
+    assert gang["summary"] == (
+        "namespace team-d, gang 'g' of 2 (gpuadm): none of its pods run (2 needed): its first "
+        "pod is refused unless the whole gang fits, so nothing is held"
     )
 
 

@@ -14,9 +14,10 @@ from webhook.config.snapshot import ConfigHolder, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.leader.publish import CLASS_LABEL, QuotaPublisher
+from webhook.quota.holdings import Holding
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
-from webhook.quota.usage import Holding, UsageIndex
+from webhook.quota.usage import UsageIndex
 
 QUOTAS = """
 namespaces:

@@ -19,9 +19,10 @@ from webhook.gpu_hours.runs import RunIndex
 from webhook.gpu_hours.store import Stored
 from webhook.kube.rest import AsyncApi
 from webhook.leader.publish import QuotaPublisher
+from webhook.quota.holdings import Holding
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
-from webhook.quota.usage import Holding, UsageIndex
+from webhook.quota.usage import UsageIndex
 
 QUOTAS = """
 default: {budget: {h100: 10h/1d}}

@@ -22,6 +22,7 @@ from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.observe.metrics import Metrics
 from webhook.quota.book import MAX_ATTEMPTS
+from webhook.quota.holdings import Holding, pod_state
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import (
     NO_MARK,
@@ -34,7 +35,7 @@ from webhook.quota.reservations import (
     Reservation,
     storable,
 )
-from webhook.quota.usage import Holding, UsageIndex, pod_state
+from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
 QUOTAS = """

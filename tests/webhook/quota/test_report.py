@@ -14,11 +14,12 @@ from policies.quota.queue import Waiting, add_gate
 from tests.builders import POLICY_YAML, pod
 from webhook.cli.quota import table
 from webhook.config.snapshot import snapshot_from_text
+from webhook.quota.holdings import Holding
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.readings import queue_readings
 from webhook.quota.report import NAMED_PODS_MAX, ClassReport, namespace_report
 from webhook.quota.reservations import MemoryStore, Reservation
-from webhook.quota.usage import Holding, UsageIndex
+from webhook.quota.usage import UsageIndex
 
 QUOTAS = """
 mode: enforce

@@ -12,8 +12,8 @@ import pytest
 
 from policies import load_quotas
 from webhook.cli.quota import table
+from webhook.quota.holdings import Holding
 from webhook.quota.report import namespace_report
-from webhook.quota.usage import Holding
 
 QUOTAS = """
 mode: enforce
