@@ -348,3 +348,24 @@ def test_enforce_mode_refuses_a_gangs_first_pod_unless_the_whole_gang_fits(
     with pytest.raises(ApiException) as full:
         gpuadm.create_pod(namespace, H100_POD, name="one-more")
     assert "in use 3 of 3" in full.value.body
+
+
+def test_a_job_that_could_never_fit_is_refused_at_its_first_pod_in_queue_mode(
+    gpuadm: Deployment, namespace: str, api_client: kubernetes.client.ApiClient
+) -> None:
+    core = gpuadm.core
+    gpuadm.set_quotas(queue_quota(namespace, 2))
+    kubernetes.client.BatchV1Api(api_client).create_namespaced_job(
+        namespace, gang_job(namespace, "huge", 3)
+    )
+
+    def refused() -> bool:
+        events = core.list_namespaced_event(namespace, field_selector="reason=FailedCreate").items
+        return any(
+            "more than the whole limit of 2, so the gang could never run (the gang 'huge' of 3 "
+            "(job): 3 pods of 1 at once)" in e.message
+            for e in events
+        )
+
+    wait_until(refused, "the job controller told the gang could never run")
+    assert of_job(pods(core, namespace), "huge") == []

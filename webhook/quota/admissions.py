@@ -134,11 +134,11 @@ class AdmissionJudge:
         if gated and (never := never_fitting(namespace, plan, limits)) is not None:
             return never
         member = None
-        if gated or mode == "enforce":  # in line, the leader reads a gang's size
-            found = await member_of(request, self.gang_size, sized=not gated)
+        if gated or mode == "enforce":  # in line, the leader charges a gang whole
+            found = await member_of(request, self.gang_size, plan, limits, in_line=gated)
             if isinstance(found, QuotaVerdict):
                 return found
-            member = found
+            member = None if gated else found
         if not self.usage_ready():
             return QuotaVerdict(False, NOT_IN_SYNC)
         try:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import TYPE_CHECKING
 
-from policies.quota.judge import QuotaVerdict, judge_gang
+from policies.quantity import format_amount
+from policies.quota.judge import QuotaVerdict, judge_gang, never_fits
 from policies.quota.quotas import Terms
 from policies.workloads import Gang, GangError, pod_gang
 from webhook.quota.book import ReservationBook
@@ -57,25 +58,49 @@ class Member:
 
 
 async def member_of(
-    request: AdmissionRequest, gang_size: GangSize, *, sized: bool
+    request: AdmissionRequest,
+    gang_size: GangSize,
+    plan: Plan,
+    limits: Mapping[str, Fraction],
+    *,
+    in_line: bool,
 ) -> Member | QuotaVerdict | None:
-    """Return the gang a pod is in (None: none, a gang of one, or not `sized`: its size is
-    not needed), or a refusal: a pod that names its gang in a way that cannot be read, or
-    whose gang's size cannot be read now."""
+    """Return the gang a pod is in (None: none, or a gang of one), or a refusal: a pod that
+    names its gang in a way that cannot be read, or whose gang's size cannot be read now.
+
+    `in_line`: the pod waits in a queue namespace's line, where the leader reads the size
+    again and decides; it is refused here only if its gang could never fit (its size times
+    this pod's charge above a whole limit), and a size not known now refuses nothing."""
     try:
         gang = pod_gang(request.object.get("metadata") or {})
     except GangError as error:
         return QuotaVerdict(False, f"pod {request.pod_name!r}: {error}")
-    if gang is None or not sized:
+    if gang is None:
         return None
     size = gang.size if gang.size is not None else await gang_size(request.namespace, gang)
     if isinstance(size, str):
+        if in_line:
+            return None
         return QuotaVerdict(
             False,
             f"pod {request.pod_name!r} is in the {gang.describe()}, whose size gpuadm cannot "
             f"read: {size}; retry",
         )
-    return Member(replace(gang, size=size), size) if size > 1 else None
+    if size <= 1:
+        return None
+    member = Member(replace(gang, size=size), size)
+    if in_line and plan.class_name is not None:
+        whole = plan.charge * size
+        never = never_fits(
+            namespace=request.namespace, class_name=plan.class_name, requested=whole, limits=limits
+        )
+        if never is not None:
+            return QuotaVerdict(
+                False,
+                f"{never.replace('the pod could', 'the gang could')} (the "
+                f"{member.gang.describe()}: {size} pods of {format_amount(plan.charge)} at once)",
+            )
+    return member
 
 
 def judge_member(

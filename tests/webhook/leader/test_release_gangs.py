@@ -353,3 +353,17 @@ async def test_a_gang_still_assembling_within_its_timeout_gets_no_warning() -> N
         "GPUQuotaWaiting",
         "GPUQuotaGangIncomplete",
     }
+
+
+async def test_a_gang_that_could_never_fit_is_refused_at_its_first_pod() -> None:
+    ledger = QuotaLedger(UsageIndex(), MemoryStore(), pods_visible=True)
+    verdict = await admit_gated(ledger, member("trio", size=3))  # team-q may hold 2 h100
+    assert not verdict.allowed
+    assert verdict.message == (
+        'namespace "team-q": h100 quota exceeded: requested 3, more than the whole limit of 2, '
+        "so the gang could never run (the gang 'trio' of 3 (gpuadm): 3 pods of 1 at once)"
+    )
+    # One that fits whole waits, uncharged, for the leader.
+    fits = await admit_gated(ledger, member("pair", size=2))
+    assert fits.allowed
+    assert fits.queued
