@@ -188,6 +188,10 @@ class Line:
             found[head.class_name] = (count + 1, min(oldest, head.created))
         return found
 
+    def gang_keys(self) -> list[str]:
+        """Return the gangs in line (their keys), without visiting their pods."""
+        return list(self._gangs)
+
     def gangs(self) -> dict[str, list[Waiting]]:
         """Return the gangs in line, each with its pods in line order."""
         pods = self._pods

@@ -65,7 +65,7 @@ class GangSizes:
         """Read the sizes of the namespace's gangs not read lately, then say what is known."""
         reads = 0
         now = self.clock()
-        for gang in self.usage.line(namespace).gangs():
+        for gang in self.usage.line(namespace).gang_keys():
             source, _, name = gang.partition("/")
             if source in SIZED_ON_PODS:
                 continue
