@@ -9,6 +9,7 @@ from functools import cached_property
 from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import (
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -24,6 +25,7 @@ from policies.classes.class_base import Model, NamespaceName, quantity_schema
 from policies.policy import CLASS_NAME, Policy
 from policies.quantity import QuantityError, format_amount, parse_quantity
 from policies.quota.budget import Budget, parse_budget
+from policies.quota.cohorts import Cohort, Entry, Reclaim, build, problems
 from policies.suggest import suggestion
 
 ALL_CLASSES = "*"
@@ -34,7 +36,11 @@ Mode = Literal["enforce", "warn", "queue"]
 # it, strict lets nothing pass it (policies/quota/queue.py).
 Queueing = Literal["besteffort", "strict"]
 # Keys of a namespace's entry that are not limits.
-ENTRY_KEYS = ("defaultClass", "mode", "queueing", "budget")
+ENTRY_KEYS = ("defaultClass", "mode", "queueing", "budget", "cohort", "borrow", "lend", "reclaim")
+# The keys of an entry that say how it shares idle quota with its cohort.
+COHORT_KEYS = ("cohort", "borrow", "lend", "reclaim")
+# The keys of an entry that hold a mapping of class to amount, checked as limits' keys are.
+CLASS_MAPS = ("budget", "borrow", "lend")
 # The key of a namespace's entry, and of `default`, that holds its GPU-hour budgets.
 BUDGET_KEY = "budget"
 
@@ -61,6 +67,27 @@ def _limit(value: object) -> Fraction:
 
 Limit = Annotated[
     Fraction, BeforeValidator(_limit), PlainSerializer(format_amount), quantity_schema(minimum=0)
+]
+
+
+# A cohort's name becomes part of its record's name and label (`Cohort.key`): a DNS label,
+# short enough for a label's 63 characters with the record's prefix.
+COHORT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,48}[a-z0-9])?$")
+
+
+def _cohort_name(value: str) -> str:
+    if not COHORT_NAME.match(value):
+        raise ValueError(
+            f"{value[:80]!r} is not a cohort name: lowercase letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 50 characters"
+        )
+    return value
+
+
+CohortName = Annotated[
+    str,
+    AfterValidator(_cohort_name),
+    WithJsonSchema({"type": "string", "pattern": COHORT_NAME.pattern}),
 ]
 
 
@@ -134,6 +161,11 @@ class NamespaceQuota(Model):
     mode: Mode | None = None
     queueing: Queueing | None = None
     budget: dict[str, BudgetSpec] = Field(default_factory=dict)
+    # The cohort it shares idle quota with, and how (policies/quota/cohorts.py).
+    cohort: CohortName | None = None
+    borrow: dict[str, Limit] = Field(default_factory=dict)
+    lend: dict[str, Limit] = Field(default_factory=dict)
+    reclaim: Reclaim | None = None
     limits: dict[str, Limit] = Field(default_factory=dict)
 
     @model_validator(mode="before")
@@ -144,8 +176,9 @@ class NamespaceQuota(Model):
             return data
         limits = {k: v for k, v in data.items() if k not in ENTRY_KEYS}
         _check_limit_keys(limits)
-        if isinstance(data.get(BUDGET_KEY), Mapping):
-            _check_limit_keys(data[BUDGET_KEY], under=(BUDGET_KEY,))
+        for key in CLASS_MAPS:
+            if isinstance(data.get(key), Mapping):
+                _check_limit_keys(data[key], under=(key,))
         return {**{k: data[k] for k in ENTRY_KEYS if k in data}, "limits": limits}
 
 
@@ -176,6 +209,15 @@ class QuotaConfig(Model):
         if not (isinstance(data, Mapping) and isinstance(data.get("default"), Mapping)):
             return data
         default = dict(data["default"])
+        for key in COHORT_KEYS:
+            if key in default:
+                raise PydanticCustomError(
+                    "cohort",
+                    "a cohort's members are namespaces named under `namespaces`, so that "
+                    f"every replica knows the same members: `{key}` does not go under "
+                    "`default`",
+                    {"at": ["default", key]},
+                )
         if BUDGET_KEY not in default:
             _check_limit_keys(default, under=("default",))
             return data
@@ -207,6 +249,37 @@ class QuotaConfig(Model):
             if budget:
                 data["default"] = {**data.get("default", {}), BUDGET_KEY: budget}
         return data
+
+    @model_validator(mode="after")
+    def _cohorts_hold(self) -> QuotaConfig:
+        for path, problem in problems(self._cohort_entries()):
+            raise PydanticCustomError("cohort", problem, {"at": list(path)})
+        return self
+
+    def _cohort_entries(self) -> dict[str, Entry]:
+        return {
+            namespace: Entry(entry.cohort, entry.limits, entry.borrow, entry.lend, entry.reclaim)
+            for namespace, entry in self.namespaces.items()
+        }
+
+    @cached_property
+    def cohorts(self) -> dict[str, Cohort]:
+        """The cohorts of the file, by name."""
+        return build(self._cohort_entries())
+
+    @cached_property
+    def _cohort_of(self) -> dict[str, Cohort]:
+        return {ns: cohort for cohort in self.cohorts.values() for ns in cohort.members}
+
+    def cohort_of(self, namespace: str) -> Cohort | None:
+        """Return the cohort a namespace is a member of, if any."""
+        return self._cohort_of.get(namespace)
+
+    def record_key(self, namespace: str) -> str:
+        """Return the name of the record that holds a namespace's reservations: its
+        cohort's, shared by all of its members, or its own."""
+        cohort = self._cohort_of.get(namespace)
+        return cohort.key if cohort is not None else namespace
 
     def terms(self, namespace: str) -> Terms:
         """Return what governs a namespace: its own entry, the rest from the file's."""
@@ -288,9 +361,11 @@ class QuotaConfig(Model):
             for key in entry.limits:
                 if key != ALL_CLASSES and key not in known:
                     problems.append((("namespaces", namespace, key), unknown(key)))
-            for key in entry.budget:
-                if key != ALL_CLASSES and key not in known:
-                    problems.append((("namespaces", namespace, BUDGET_KEY, key), unknown(key)))
+            maps = ((BUDGET_KEY, entry.budget), ("borrow", entry.borrow), ("lend", entry.lend))
+            for kind, keys in maps:
+                for key in keys:
+                    if key != ALL_CLASSES and key not in known:
+                        problems.append((("namespaces", namespace, kind, key), unknown(key)))
             if entry.default_class is not None and entry.default_class not in known:
                 problems.append(
                     (("namespaces", namespace, "defaultClass"), unknown(entry.default_class))

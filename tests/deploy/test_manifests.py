@@ -585,6 +585,7 @@ READ = ("get", "list", "watch")
 SERVE_CLUSTER_RULES = [
     ("", "namespaces", (), ("get",)),
     ("", "pods", (), ("get", "list", "patch", "watch")),
+    ("", "pods/eviction", (), ("create",)),
     ("", "events", (), ("create", "get", "update")),
     ("batch", "jobs", (), ("get",)),
     ("gpuadm.io", "gpuquotas", (), ("create", "delete", "get", "list", "update")),

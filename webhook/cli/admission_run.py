@@ -199,7 +199,12 @@ async def _turn(
             tally.gpus["runs"] = tally.gpus.get("runs", Fraction(0)) + charge
         if not released or not turn.more:
             break
-    place = ledger.line.placer(namespace, config.quotas.limits_for(namespace), gangs=gangs)
+    place = ledger.line.placer(
+        namespace,
+        config.quotas.limits_for(namespace),
+        gangs=gangs,
+        cohort=config.quotas.cohort_of(namespace),
+    )
     said: dict[Gang, str] = {}
     for line_key, pods in usage.line(namespace).gangs().items():
         if line_key in keys and (where := place(pods[0])) is not None:

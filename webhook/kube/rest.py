@@ -229,6 +229,19 @@ class AsyncApi:
         path = _namespaced(CORE_API, namespace, "pods", name)
         return await self._call("PATCH", path, patch, content_type=JSON_PATCH)
 
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Ask the apiserver to evict a Pod, as `kubectl drain` does: it honours the pod's
+        PodDisruptionBudgets, refusing with 429 while one allows no disruption. The uid is
+        a precondition, so a pod made again under the same name is never evicted."""
+        path = _namespaced(CORE_API, namespace, "pods", name) + "/eviction"
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": uid}},
+        }
+        await self._call("POST", path, body)
+
     async def create_event(self, namespace: str, body: dict[str, Any]) -> dict[str, Any]:
         """Create a core/v1 Event; a 409 means one of that name exists."""
         return await self._call("POST", _namespaced(CORE_API, namespace, "events"), body)

@@ -170,7 +170,7 @@ class QuotaPublisher:
         self, namespace: str, published_all: dict[str, dict[str, tuple[Any, dict[str, Any]]]]
     ) -> None:
         quotas = self.config.current.quotas
-        reserved = await self.line.reserved(namespace)
+        reserved = await self.line.reserved(namespace, quotas.record_key(namespace))
         reports = namespace_report(
             namespace,
             quotas,

@@ -102,8 +102,11 @@ class Releaser:
         self.turns = 0  # turns taken, for tests and the benchmark
 
     def wake(self, namespace: str) -> None:
-        """Give a namespace's line a turn soon (what it holds or waits for changed)."""
-        self._due.setdefault(namespace)
+        """Give a namespace's line a turn soon (what it holds or waits for changed); in a
+        cohort, every member's, since what one holds changes the room the others may use."""
+        cohort = self.config.current.quotas.cohort_of(namespace) if self.config.loaded else None
+        for member in cohort.members if cohort is not None else (namespace,):
+            self._due.setdefault(member)
         self._wake.set()
 
     def wake_all(self) -> None:
@@ -225,4 +228,6 @@ class Releaser:
 
     async def _gone(self, pod: Waiting) -> None:
         log.info("pod %s/%s left the line before its release", pod.namespace, pod.name)
-        await self.line.unreserve(pod.namespace, pod.uid)
+        await self.line.unreserve(
+            pod.namespace, pod.uid, self.config.current.quotas.record_key(pod.namespace)
+        )

@@ -32,13 +32,12 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from fractions import Fraction
 
 from policies import Plan
 from policies.quota.judge import QuotaVerdict, judge, room_to_set_aside
 from policies.quota.queue import is_gated, may_gate
-from policies.quota.quotas import Terms, limits_on
+from policies.quota.quotas import limits_on
 from webhook.config.snapshot import ConfigSnapshot
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import POLL_SECONDS, WAIT_SECONDS, ZERO
@@ -50,13 +49,16 @@ from webhook.quota.aside import (
     waits,
     would_wait,
 )
-from webhook.quota.book import RecordBusy, ReservationBook
-from webhook.quota.gang_room import GangSize, Member, judge_member, member_of, sized_on_pods
-from webhook.quota.line import QueueLine
+from webhook.quota.book import ReservationBook
+from webhook.quota.gang_room import GangSize, judge_member, member_of, sized_on_pods
+from webhook.quota.line import Joining, QueueLine
 from webhook.quota.namespaces import every_namespace_exists
-from webhook.quota.reservations import RecordFull, Reservation, UnreadableRecord
+from webhook.quota.pending import Pending
+from webhook.quota.reservations import RecordFull, Reservation
+from webhook.quota.rooms import Rooms, priority_of, record_key
 from webhook.quota.verdicts import (
     FullRecords,
+    batch_failed,
     gate_outside_queue,
     never_fitting,
     reservation_key,
@@ -64,31 +66,10 @@ from webhook.quota.verdicts import (
     when_full,
     without,
 )
-from webhook.quota.watermark import NOT_IN_SYNC, NotInSync
+from webhook.quota.watermark import NOT_IN_SYNC
 from webhook.reviews.request import AdmissionRequest
 
 log = logging.getLogger("gpuadm.quota")
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """One admission waiting to be judged with the others of its namespace."""
-
-    request: AdmissionRequest
-    plan: Plan
-    config: ConfigSnapshot
-    # The namespace's limits and mode, looked up once for the admission.
-    terms: Terms
-    # Created behind gpuadm's gate: charged now if it is first in line and fits, else left
-    # waiting in line, uncharged.
-    gated: bool
-    # The gang it is in, in enforce mode (judged whole at its first pod), or None.
-    member: Member | None = None
-    # When it began to wait (monotonic seconds), for room other replicas hold aside.
-    since: float = field(default_factory=time.monotonic)
-    verdict: asyncio.Future[QuotaVerdict] = field(
-        default_factory=lambda: asyncio.get_running_loop().create_future()
-    )
 
 
 class AdmissionJudge:
@@ -112,7 +93,7 @@ class AdmissionJudge:
         self.namespace_exists = namespace_exists
         self.gang_size = gang_size
         # Admissions not yet judged, and the task that judges them, per namespace.
-        self._pending: defaultdict[str, list[_Pending]] = defaultdict(list)
+        self._pending: defaultdict[str, list[Pending]] = defaultdict(list)
         self._committers: dict[str, asyncio.Task[None]] = {}
         self._full = FullRecords()
 
@@ -148,15 +129,18 @@ class AdmissionJudge:
             return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
         if not exists:
             return QuotaVerdict(False, f'namespace "{namespace}" does not exist')
-        if mode == "enforce" and not request.dry_run and member is None:
+        key, cohort = record_key(config.quotas, namespace)
+        # A cohort's record sets no room aside: each admission's judgement needs what
+        # every member holds at once.
+        if mode == "enforce" and not request.dry_run and member is None and cohort is None:
             granted = admit_from_aside(self.book, request, plan, terms, reservation_key(request))
             if granted is not None:
                 return granted
-        pending = _Pending(request, plan, config, terms, gated, member)
-        self._pending[namespace].append(pending)
-        if namespace not in self._committers:
-            task = asyncio.create_task(self._commit(namespace), name=f"quota-{namespace}")
-            self._committers[namespace] = task
+        pending = Pending(request, plan, config, terms, gated, member, cohort)
+        self._pending[key].append(pending)
+        if key not in self._committers:
+            task = asyncio.create_task(self._commit(key), name=f"quota-{key}")
+            self._committers[key] = task
         verdict = await pending.verdict
         if verdict.exceeded and mode == "queue" and may_gate(request.object):
             return taken_meanwhile(verdict)
@@ -175,10 +159,10 @@ class AdmissionJudge:
         finally:
             del self._committers[namespace]
 
-    async def _commit_batch(self, namespace: str, batch: list[_Pending]) -> list[_Pending]:
+    async def _commit_batch(self, namespace: str, batch: list[Pending]) -> list[Pending]:
         """Judge and store a batch; return the admissions that wait for room other
         replicas hold aside (their verdicts are not given yet)."""
-        waiting: list[_Pending] = []
+        waiting: list[Pending] = []
         try:
             verdicts = await self.book.compare_and_swap(
                 namespace, lambda: self._judge_and_store(namespace, batch)
@@ -191,30 +175,18 @@ class AdmissionJudge:
                     pending.verdict.set_result(held_aside(verdict))
                 else:
                     pending.verdict.set_result(verdict)
-        except RecordBusy as busy:
-            for pending in batch:
-                pending.verdict.set_result(QuotaVerdict(False, f"{busy.detail}; retry the request"))
-        except UnreadableRecord as unreadable:  # a later version's, or not gpuadm's: hands off
-            log.error("%s", unreadable.detail)
-            for pending in batch:
-                pending.verdict.set_result(QuotaVerdict(False, f"{unreadable.detail}; retry"))
-        except NotInSync as behind:  # its watch lags: judged late or not at all, never short
-            log.warning("%s", behind.detail)
-            for pending in batch:
-                pending.verdict.set_result(QuotaVerdict(False, NOT_IN_SYNC))
-        except KubeError as error:  # the apiserver is unreachable or refused: no fault of ours
-            log.warning("cannot store the quota record of namespace %s: %s", namespace, error)
-            unreachable = QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
-            for pending in batch:
-                if not pending.verdict.done():
-                    pending.verdict.set_result(unreachable)
         except Exception as error:  # each waiting request fails as it would have alone
+            failed = batch_failed(namespace, error)
             for pending in batch:
-                if not pending.verdict.done():
+                if pending.verdict.done():
+                    continue
+                if failed is None:
                     pending.verdict.set_exception(error)
+                else:
+                    pending.verdict.set_result(failed)
         return waiting
 
-    async def _judge_and_store(self, namespace: str, batch: list[_Pending]) -> list[QuotaVerdict]:
+    async def _judge_and_store(self, key: str, batch: list[Pending]) -> list[QuotaVerdict]:
         """Judge each admission in order against the record and those before it; store once.
 
         This replica's room aside goes back to the namespace first, so that the batch may
@@ -222,40 +194,45 @@ class AdmissionJudge:
         admission that does not fit only because of other replicas' room aside is judged
         `Waits`."""
         book = self.book
-        record = await book.read_copy(namespace)
-        await book.watermark.catch_up(namespace, record)
+        record = await book.read_copy(key)
+        await book.watermark.catch_up(key, record)
         # Nothing awaits from here to the write (or to `restore`): no pod is admitted from
         # the room meanwhile.
-        aside = book.allowances.release(namespace)
+        aside = book.allowances.release(key)
         now = book.clock()
-        reservations = book.unexpired(namespace, record, now)
+        reservations = book.unexpired(key, record, now)
         others = book.allowances.others(record.allowances, now)
         verdicts = []
         reserved = False
-        joining = self.line.joining(
-            namespace, reservations, gated=any(pending.gated for pending in batch)
-        )
-        # What the namespace holds, summed once a batch and kept up to date as it admits:
-        # summing it again for each admission cost a pass over every reservation of the
-        # last 90 s, each time.
-        totals = book.in_use(namespace, reservations, record.allowances)
+        gated = any(pending.gated for pending in batch)
+        joinings: dict[str, Joining] = {}
+        # What each namespace of the record holds, summed once a batch and kept up to date
+        # as it admits: summing it again for each admission cost a pass over every
+        # reservation of the last 90 s, each time.
+        rooms = Rooms(book, key, batch[-1].cohort, reservations, record.allowances)
         taking: dict[str, Fraction] = {}
         for pending in batch:
             class_name = pending.plan.class_name
             assert class_name is not None
-            key = reservation_key(pending.request)
+            namespace = pending.request.namespace
+            joining = joinings.get(namespace) or joinings.setdefault(
+                namespace, self.line.joining(namespace, reservations, gated=gated)
+            )
+            totals = rooms.of(namespace)
+            limits = rooms.limits(namespace, pending.terms.limits)
+            uid = reservation_key(pending.request)
             grown = ZERO
             # A pod judged again (a retried request) is not counted against itself.
-            own = reservations.get(key)
-            counted = own is not None and self.book.counts(key, own)
+            own = reservations.get(uid)
+            counted = own is not None and self.book.counts(uid, own)
             in_use = without(totals, own) if own is not None and counted else totals
             if pending.gated:
                 verdict = joining.judge(
                     pending.request,
                     pending.plan,
-                    key,
+                    uid,
                     in_use,
-                    pending.terms.limits,
+                    limits,
                     pending.config.policy.quota_gate,
                 )
             elif (
@@ -263,12 +240,13 @@ class AdmissionJudge:
                     book,
                     namespace,
                     pending.member,
-                    pending.terms,
+                    pending.terms._replace(limits=limits),
                     pending.plan,
                     in_use,
                     reservations,
                     retried=own is not None,
                     dry_run=pending.request.dry_run,
+                    record=key,
                 )
             ) is not None:
                 verdict, grown = whole  # a gang's first pod, or one its room was set aside for
@@ -278,7 +256,7 @@ class AdmissionJudge:
                     class_name=class_name,
                     requested=pending.plan.charge,
                     in_use=in_use,
-                    limits=pending.terms.limits,
+                    limits=limits,
                     mode=pending.terms.mode,
                 )
                 # Only a refusal waits (warn mode admits past the limit anyway), and not a
@@ -298,13 +276,30 @@ class AdmissionJudge:
                     # The most one admission of the class asked for: room aside smaller
                     # than that would only keep such pods from the other replicas.
                     taking[class_name] = max(taking.get(class_name, ZERO), pending.plan.charge)
+            verdict = rooms.told(verdict, namespace, class_name, pending.plan.charge, in_use)
+            if pending.terms.mode == "enforce" and not pending.request.dry_run:
+                reserved |= rooms.claim(
+                    verdict,
+                    namespace,
+                    class_name,
+                    pending.plan.charge,
+                    priority_of(pending.request.object),
+                    reservations,
+                    now,
+                )
             verdicts.append(verdict)
             if verdict.allowed and not verdict.queued and not pending.request.dry_run:
-                made = Reservation(class_name, pending.plan.charge, now, pending.request.pod_name)
-                reservations[key] = made
-                joining.charged(key)
+                made = Reservation(
+                    class_name,
+                    pending.plan.charge,
+                    now,
+                    pending.request.pod_name,
+                    namespace=namespace if key != namespace else "",
+                )
+                reservations[uid] = made
+                joining.charged(uid)
                 reserved = True
-                if self.book.counts(key, made):  # it replaces the one `in_use` left out
+                if self.book.counts(uid, made):  # it replaces the one `in_use` left out
                     totals = {
                         **in_use,
                         class_name: in_use.get(class_name, Fraction(0)) + pending.plan.charge,
@@ -314,25 +309,26 @@ class AdmissionJudge:
             if grown and not pending.request.dry_run:
                 totals = {**totals, class_name: totals.get(class_name, ZERO) + grown}
                 reserved = True
+            rooms.set(namespace, totals)
         # A pod that waits for room others hold says so in the record, and then no replica
         # sets room aside until it is judged again: what they give back stays free for it.
         allowances = book.allowances
         waiting = any(isinstance(verdict, Waits) for verdict in verdicts)
-        tell = allowances.wait(namespace, now + WAIT_SECONDS) if waiting else False
+        tell = allowances.wait(key, now + WAIT_SECONDS) if waiting else False
         if not waiting:
-            allowances.waited(namespace)
+            allowances.waited(key)
         may_take = allowances.enabled and not waiting
         if may_take and allowances.others_wait(record.allowances, now):
             may_take = False
         terms = batch[-1].terms
-        if terms.mode != "enforce":
+        if terms.mode != "enforce" or rooms.cohort is not None:
             may_take = False
-        take = room_to_set_aside(taking, totals, terms.limits) if may_take else {}
+        take = room_to_set_aside(taking, rooms.of(key), terms.limits) if may_take else {}
         if reserved or take or tell:
             try:
-                await book.write(namespace, reservations, record, take, terms.limits)
+                await book.write(key, reservations, record, take, terms.limits)
             except RecordFull as full:  # nothing was written; the oldest expire within 90 s
-                self._full.log(namespace, full, self.book.clock())
+                self._full.log(key, full, self.book.clock())
                 return [
                     when_full(
                         pending.request,
@@ -344,5 +340,5 @@ class AdmissionJudge:
                     for pending, verdict in zip(batch, verdicts, strict=True)
                 ]
         else:  # dry runs and refusals only: the room aside serves on
-            book.allowances.restore(namespace, aside)
+            book.allowances.restore(key, aside)
         return verdicts

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
+from policies.quota.cohorts import Cohort
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import ZERO, Allowances, holder_name
 from webhook.quota.reservations import (
@@ -252,21 +253,29 @@ class ReservationBook:
         allowances: Mapping[str, Allowance] | None = None,
         *,
         set_aside: bool = True,
+        of: str | None = None,
     ) -> dict[str, Fraction]:
         """Return what a namespace holds: its pods, and `reservations` not yet shown as
         pods, and (with `set_aside`) the room of `allowances` of other replicas and what
         remains of this replica's. By default, the reservations and allowances of this
-        replica's copy of the record."""
+        replica's copy of the record.
+
+        `namespace` names the record; in a cohort's (`cohort.<name>`), `of` names the member
+        whose holdings are counted, and only the reservations that charge it."""
+        key = namespace
+        namespace = of if of is not None else key
         if reservations is None:
-            reservations = self.copied(namespace)
+            reservations = self.copied(key)
         if allowances is None:
-            copy = self._copies.get(namespace)
+            copy = self._copies.get(key)
             allowances = copy.allowances if copy is not None else {}
+        if key != namespace:
+            reservations = {uid: r for uid, r in reservations.items() if r.charges(key, namespace)}
         usage = self.usage
         totals = dict(usage.in_use(namespace))
         if set_aside:
             held = self.allowances
-            for room in (held.others(allowances, self.clock()), held.remaining(namespace)):
+            for room in (held.others(allowances, self.clock()), held.remaining(key)):
                 for class_name, amount in room.items():
                     if amount:
                         totals[class_name] = totals.get(class_name, ZERO) + amount
@@ -281,6 +290,18 @@ class ReservationBook:
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )
         return totals
+
+    def cohort_usage(
+        self, cohort: Cohort, reservations: Mapping[str, Reservation] | None = None
+    ) -> dict[str, dict[str, Fraction]]:
+        """Return what each member of a cohort holds, from its record's `reservations` (by
+        default, this replica's copy). No room is set aside in a cohort's record."""
+        if reservations is None:
+            reservations = self.copied(cohort.key)
+        return {
+            member: self.in_use(cohort.key, reservations, {}, set_aside=False, of=member)
+            for member in cohort.members
+        }
 
     def copied_namespaces(self) -> list[str]:
         """Return the namespaces this replica holds a copy of the record of."""

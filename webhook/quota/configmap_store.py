@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from policies.quota.cohorts import is_cohort_key
 from webhook.kube.errors import KubeError
 from webhook.kube.objects import MANAGED_BY, USAGE_RECORD_LABEL
 from webhook.kube.rest import AsyncApi
@@ -52,6 +53,11 @@ DATA_KEY = "reservations.json"
 # The record's format; absent in 0.1.0's records.
 FORMAT_KEY = "format"
 FORMAT = "2"
+# A cohort's record, shared by its members (`policies.quota.cohorts`): each reservation names
+# the namespace it charges. A replica that knows only format 2 refuses to read it, and so
+# never writes it back without those names.
+COHORT_FORMAT = "3"
+FORMATS = (FORMAT, COHORT_FORMAT)
 # The watermark of the reservations that left the record as their pods were shown; absent
 # while none has (`Mark`).
 MARK_KEY = "shown.json"
@@ -63,7 +69,8 @@ RECORD_MAX_BYTES = 1024 * 1024
 
 
 def record_name(namespace: str) -> str:
-    """Name the ConfigMap that holds a tenant namespace's reservations."""
+    """Name the ConfigMap that holds a tenant namespace's reservations (or a cohort's, by
+    its key `cohort.<name>`: a namespace's name has no dot)."""
     return f"gpuadm-usage-{namespace}"
 
 
@@ -136,9 +143,11 @@ def record_of(config_map: dict[str, Any]) -> Record:
     data = config_map.get("data") or {}
     namespace = str((metadata.get("labels") or {}).get(USAGE_RECORD_LABEL, metadata.get("name")))
     written = data.get(FORMAT_KEY)
-    if written is not None and written != FORMAT:
+    if written is not None and written not in FORMATS:
         raise UnreadableRecord(
-            namespace, f"it is in format {written!r}, of a later gpuadm; this one reads {FORMAT}"
+            namespace,
+            f"it is in format {written!r}, of a later gpuadm; this one reads "
+            f"{' and '.join(FORMATS)}",
         )
     try:
         raw = orjson.loads(data.get(DATA_KEY) or "[]")
@@ -202,7 +211,7 @@ class ConfigMapStore:
         }
         if version is not None:
             metadata["resourceVersion"] = version
-        data = {FORMAT_KEY: FORMAT, DATA_KEY: ""}
+        data = {FORMAT_KEY: COHORT_FORMAT if is_cohort_key(namespace) else FORMAT, DATA_KEY: ""}
         if marked is not None:
             data[MARK_KEY] = marked
         if set_aside is not None:

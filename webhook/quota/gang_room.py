@@ -114,6 +114,7 @@ def judge_member(
     *,
     retried: bool,
     dry_run: bool,
+    record: str | None = None,
 ) -> tuple[QuotaVerdict, Fraction] | None:
     """Judge a pod of a gang in enforce mode: against its gang's room if there is enough of
     it, else as its gang's first pod if none of the gang holds GPUs. None: it is judged
@@ -121,19 +122,23 @@ def judge_member(
     whose pods run already, or whose room is too small).
 
     Return the verdict and how much the gang's room grew (its first pod) or shrank (a later
-    one), which `reservations` already shows unless this is a dry run."""
+    one), which `reservations` already shows unless this is a dry run. `record` is the key
+    of the record `reservations` come from: a cohort's holds its members' gangs' rooms, each
+    named after its namespace too."""
     if member is None or terms.mode != "enforce" or retried:
         return None
     class_name, charge, limits = plan.class_name, plan.charge, terms.limits
     assert class_name is not None
-    room = reservations.get(member.room_key)
+    shared = record is not None and record != namespace
+    room_key = f"{member.room_key}@{namespace}" if shared else member.room_key
+    room = reservations.get(room_key)
     if room is not None and room.class_name == class_name and room.charge >= charge:
         if not dry_run:
             left = room.charge - charge
             if left:
-                reservations[member.room_key] = replace(room, charge=left)
+                reservations[room_key] = replace(room, charge=left)
             else:
-                del reservations[member.room_key]
+                del reservations[room_key]
         return QuotaVerdict(True, limit=limits.get(class_name)), -charge
     if room is not None or book.usage.gang_running(namespace).get(member.gang.key, 0):
         return None
@@ -150,7 +155,11 @@ def judge_member(
         return verdict, Fraction(0)
     grown = charge * (member.size - 1)
     if not dry_run:
-        reservations[member.room_key] = Reservation(
-            class_name, grown, book.clock(), f"room for the {member.gang.describe()}"
+        reservations[room_key] = Reservation(
+            class_name,
+            grown,
+            book.clock(),
+            f"room for the {member.gang.describe()}",
+            namespace=namespace if shared else "",
         )
     return verdict, grown

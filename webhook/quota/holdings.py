@@ -10,11 +10,13 @@ import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
 from policies import Denial, Policy, QuotaConfig, pod_charge
 from policies.access.demand import TERMINAL_PHASES
+from policies.quota.borrowing import BORROWED
 from policies.quota.queue import Waiting, is_gated, waiting_pod
 from policies.workloads import GangError, pod_gang
 
@@ -33,6 +35,14 @@ class Holding:
     # The gang it is a member of (`Gang.key`), "" for none: a gang's running pods count
     # toward its size when its other pods wait in line.
     gang: str = ""
+    # What a cohort's reclaim orders its pods by (`policies.quota.cohorts.Held`): priority,
+    # creation (seconds since the epoch), and whether it is being deleted.
+    priority: int = 0
+    created: float = 0.0
+    ending: bool = False
+    uid: str = ""
+    # The `gpuadm.io/borrowed` label it carries, as the watch last showed it.
+    marked: bool = False
 
 
 def pod_state(
@@ -65,13 +75,31 @@ def pod_state(
     if gated:
         return waiting_pod(pod, sys.intern(class_name), charge)
     # Interned: 100,000 pods share a few hundred namespace and class strings.
+    priority = (pod.get("spec") or {}).get("priority")
+    labels = metadata.get("labels")
     return Holding(
         sys.intern(namespace),
         sys.intern(class_name),
         charge,
         str(metadata.get("name")),
         gang_of(metadata),
+        priority if isinstance(priority, int) and not isinstance(priority, bool) else 0,
+        created_at(metadata),
+        bool(metadata.get("deletionTimestamp")),
+        str(metadata.get("uid") or ""),
+        isinstance(labels, Mapping) and labels.get(BORROWED) == "true",
     )
+
+
+def created_at(metadata: Mapping[str, Any]) -> float:
+    """Return when a pod was created, in seconds since the epoch (0 if it does not say)."""
+    stamp = metadata.get("creationTimestamp")
+    if not isinstance(stamp, str):
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
 
 
 def gang_of(metadata: Mapping[str, Any]) -> str:

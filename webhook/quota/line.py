@@ -22,11 +22,13 @@ from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from policies import Plan
+from policies.quota.cohorts import Cohort
 from policies.quota.judge import QuotaVerdict
 from policies.quota.line import Line
 from policies.quota.queue import Gangs, Place, Waiting, waiting_pod
 from policies.quota.quotas import QuotaConfig
 from webhook.quota.book import RecordBusy, ReservationBook
+from webhook.quota.claims import CLAIM_PREFIX, Claim, claims_in
 from webhook.quota.reservations import Conflict, RecordFull, Reservation, storable
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
@@ -136,10 +138,12 @@ class QueueLine:
         GPU-hour budget spent), with why. `gangs`: what is known of the line's gangs; a
         gang's pods are charged together, in the one write of the turn."""
         limits = quotas.limits_for(namespace)
-        async with self._book.lock(namespace):
+        cohort = quotas.cohort_of(namespace)
+        key = cohort.key if cohort is not None else namespace
+        async with self._book.lock(key):
             return await self._book.compare_and_swap(
-                namespace,
-                lambda: self._try_release(namespace, limits, skip, most, held or {}, gangs),
+                key,
+                lambda: self._try_release(namespace, limits, skip, most, held or {}, gangs, cohort),
             )
 
     async def _try_release(
@@ -150,15 +154,24 @@ class QueueLine:
         most: int | None,
         held: Mapping[str, str],
         gangs: Gangs | None,
+        cohort: Cohort | None = None,
     ) -> tuple[list[Waiting], Turn]:
-        """One attempt of `release`; raises `Conflict` if another replica wrote first."""
+        """One attempt of `release`; raises `Conflict` if another replica wrote first.
+
+        In a `cohort`, the record is the cohort's, and the line is walked against the
+        namespace's limits of the moment (`Cohort.limits_now`)."""
+        key = cohort.key if cohort is not None else namespace
         # Read afresh, not from this replica's copy: other replicas charge gated pods at
         # admission, and a pass that releases nothing writes nothing, so it would never
         # learn of them from a failed write.
-        record = await self._book.read(namespace)
-        await self._book.watermark.catch_up(namespace, record)
+        record = await self._book.read(key)
+        await self._book.watermark.catch_up(key, record)
         now = self._book.clock()
-        reservations = self._book.unexpired(namespace, record, now)
+        reservations = self._book.unexpired(key, record, now)
+        if cohort is not None:
+            limits = cohort.limits_now(
+                namespace, limits, self._book.cohort_usage(cohort, reservations)
+            )
         line = self._usage.line(namespace)
         # Only the record is visited, and the pods of the line it charges: never the line.
         in_line = line.present(reservations)
@@ -176,7 +189,7 @@ class QueueLine:
         else:
             walked = line.walk(
                 namespace,
-                self._book.in_use(namespace, reservations, record.allowances),
+                self._book.in_use(key, reservations, record.allowances, of=namespace),
                 limits,
                 excluded=in_line | line.present(skip),
                 most=budget,
@@ -201,33 +214,41 @@ class QueueLine:
             return charged, turn
         for pod in (*released, *stale, *unmarked):
             reservations[pod.uid] = Reservation(
-                pod.class_name, pod.charge, now, pod.name, stored, label
+                pod.class_name,
+                pod.charge,
+                now,
+                pod.name,
+                stored,
+                label,
+                namespace if key != namespace else "",
             )
         if released or stale:
-            await self._book.write(namespace, reservations, record)
+            await self._book.write(key, reservations, record)
             return charged + list(released), turn
         # Only marks to write: they free room sooner after a failover, nothing more. A race
         # lost or a full record must not hold back the gates, which go all the same; the
         # reservations stay unmarked and expire as they always did.
         try:
-            await self._book.write(namespace, reservations, record)
+            await self._book.write(key, reservations, record)
         except (Conflict, RecordFull) as failed:
             log.debug("namespace %s: pods charged at creation left unmarked: %r", namespace, failed)
         return charged, turn
 
-    async def unreserve(self, namespace: str, uid: str) -> None:
+    async def unreserve(self, namespace: str, uid: str, key: str | None = None) -> None:
         """Drop the reservation of a released pod that was deleted before its gate was
-        removed, so its room frees now rather than when the reservation expires."""
+        removed, so its room frees now rather than when the reservation expires. `key`
+        names the record, if not the namespace's own (a cohort's)."""
+        key = key or namespace
 
         async def attempt() -> None:
-            record = await self._book.read(namespace)
+            record = await self._book.read(key)
             if uid in record.reservations:
                 rest = {k: r for k, r in record.reservations.items() if k != uid}
-                await self._book.write(namespace, rest, record)
+                await self._book.write(key, rest, record)
 
-        async with self._book.lock(namespace):
+        async with self._book.lock(key):
             try:
-                await self._book.compare_and_swap(namespace, attempt)
+                await self._book.compare_and_swap(key, attempt)
             except RecordBusy as busy:  # its reservation expires with the others instead
                 log.warning("cannot give back the room of pod %s: %s", uid, busy.detail)
 
@@ -237,14 +258,21 @@ class QueueLine:
         limits: Mapping[str, Fraction],
         held: Mapping[str, str] | None = None,
         gangs: Gangs | None = None,
+        cohort: Cohort | None = None,
     ) -> Callable[[Waiting], Place | None]:
         """Return what tells a waiting pod of the namespace its place now (None: it is
         charged, or a pass would release it), against this replica's view and record;
-        `held` and `gangs` as `release` takes them."""
-        reservations = self._book.copied(namespace)
+        `held` and `gangs` as `release` takes them; in a `cohort`, against its record and
+        the namespace's limits of the moment."""
+        key = cohort.key if cohort is not None else namespace
+        reservations = self._book.copied(key)
         line = self._usage.line(namespace)
         excluded = line.present(reservations)
-        in_use = self._book.in_use(namespace, reservations)
+        in_use = self._book.in_use(key, reservations, of=namespace)
+        if cohort is not None:
+            limits = cohort.limits_now(
+                namespace, limits, self._book.cohort_usage(cohort, reservations)
+            )
 
         def place(pod: Waiting) -> Place | None:
             if pod.uid in reservations:
@@ -255,11 +283,27 @@ class QueueLine:
 
         return place
 
-    async def reserved(self, namespace: str) -> dict[str, Reservation]:
+    async def reserved(self, namespace: str, key: str | None = None) -> dict[str, Reservation]:
         """Read a namespace's record again (so this replica's reports and metrics see other
-        replicas' reservations) and return its reservations that still count."""
-        await self._book.refresh(namespace)
-        return self._book.reserved(namespace)
+        replicas' reservations) and return its reservations that still count; `key` names
+        the record, if not the namespace's own (a cohort's)."""
+        key = key or namespace
+        await self._book.refresh(key)
+        return {
+            uid: r
+            for uid, r in self._book.reserved(key).items()
+            if r.charges(key, namespace) and not uid.startswith(CLAIM_PREFIX)
+        }
+
+    async def cohort_usage(self, cohort: Cohort) -> dict[str, dict[str, Fraction]]:
+        """Read a cohort's record again and return what each of its members holds."""
+        await self._book.refresh(cohort.key)
+        return self._book.cohort_usage(cohort)
+
+    def cohort_claims(self, cohort: Cohort) -> list[Claim]:
+        """Return the claims of a cohort's record as last read (`cohort_usage` reads it):
+        lenders' pods refused in enforce mode, asking for their quota back."""
+        return claims_in(self._book.copied(cohort.key))
 
     async def recorded_namespaces(self) -> list[str]:
         """Return the namespaces that have a record, written by any replica."""

@@ -72,6 +72,9 @@ class Reservation:
     # so never saw it (`UsageIndex.left`).
     stored: int = 0
     stored_by: str = ""
+    # The namespace it charges, in a cohort's record, which holds the reservations of all
+    # its members; "" in a namespace's own record.
+    namespace: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """Return the reservation as stored in the record."""
@@ -81,6 +84,8 @@ class Reservation:
             "at": self.at,
             "pod": self.pod,
         }
+        if self.namespace:
+            data["namespace"] = self.namespace
         if self.stored:
             data["stored"] = {"version": str(self.stored), "label": self.stored_by}
         return data
@@ -107,7 +112,12 @@ class Reservation:
             str(data.get("pod", "")),
             version,
             label,
+            str(data.get("namespace", "")),
         )
+
+    def charges(self, key: str, namespace: str) -> bool:
+        """Tell whether it charges `namespace`, read from the record `key`."""
+        return (self.namespace or key) == namespace
 
 
 # A record holds every reservation of the last 90 s, each written and read at every write

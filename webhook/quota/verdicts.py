@@ -12,8 +12,11 @@ from policies import Plan
 from policies.quota.judge import QuotaVerdict, never_fits
 from policies.quota.quotas import budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
+from webhook.kube.errors import KubeError
+from webhook.quota.book import RecordBusy
 from webhook.quota.line import held_in_line
-from webhook.quota.reservations import RecordFull, Reservation
+from webhook.quota.reservations import RecordFull, Reservation, UnreadableRecord
+from webhook.quota.watermark import NOT_IN_SYNC, NotInSync
 from webhook.reviews.request import AdmissionRequest
 
 log = logging.getLogger("gpuadm.quota")
@@ -127,3 +130,21 @@ class FullRecords:
         if now - self._logged.get(namespace, float("-inf")) >= FULL_LOG_SECONDS:
             self._logged[namespace] = now
             log.warning("%s", full.detail)
+
+
+def batch_failed(key: str, error: Exception) -> QuotaVerdict | None:
+    """Return the verdict of every admission of a batch whose record could not be stored
+    for `error`, and log it; None for an error no admission is refused for by name (it is
+    raised to each request, as it would have been alone)."""
+    if isinstance(error, RecordBusy):
+        return QuotaVerdict(False, f"{error.detail}; retry the request")
+    if isinstance(error, UnreadableRecord):  # a later version's, or not gpuadm's: hands off
+        log.error("%s", error.detail)
+        return QuotaVerdict(False, f"{error.detail}; retry")
+    if isinstance(error, NotInSync):  # its watch lags: judged late or not at all, never short
+        log.warning("%s", error.detail)
+        return QuotaVerdict(False, NOT_IN_SYNC)
+    if isinstance(error, KubeError):  # the apiserver is unreachable or refused: not ours
+        log.warning("cannot store the quota record of namespace %s: %s", key, error)
+        return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
+    return None

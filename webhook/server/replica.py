@@ -23,6 +23,7 @@ from webhook.kube.rest import AsyncApi
 from webhook.leader.events import EventWriter, PodEvents
 from webhook.leader.lease import LeaseElector
 from webhook.leader.publish import QuotaPublisher
+from webhook.leader.reclaim import CohortKeeper
 from webhook.leader.release import Releaser
 from webhook.observe.audit_log import AuditLog
 from webhook.observe.metrics import Metrics
@@ -181,6 +182,7 @@ def cluster_app(
             holder.current.quotas.limits_for(namespace),
             held(namespace),
             gangs=gang_sizes.known(namespace),
+            cohort=holder.current.quotas.cohort_of(namespace),
         ),
         ready=lambda: pods.ready() and holder.loaded,
     )
@@ -209,7 +211,19 @@ def cluster_app(
         ),
         gang_sizes=lambda namespace: gang_sizes.known(namespace).sizes,
     )
+    keeper = CohortKeeper(
+        ledger.line,
+        usage,
+        holder,
+        api,
+        leading=elector.leading,
+        ready=pods.ready,
+        metrics=metrics,
+    )
     usage.on_change(releaser.wake)
+    usage.on_change(keeper.wake)
+    holder.on_change(keeper.wake_all)
+    elector.on_lead(keeper.wake_all)
     usage.on_change(publisher.wake)
     holder.on_change(releaser.wake_all)
     holder.on_change(publisher.restart)
@@ -224,6 +238,7 @@ def cluster_app(
             Background("release", _with_progress(releaser.run)),
             Background("queue-events", events.run),
             Background("publish", publisher.run),
+            Background("cohorts", _with_progress(keeper.run)),
             Background(
                 "gpu-hours-checkpoint",
                 partial(hours.checkpoint_forever, lambda: holder.current.quotas),

@@ -295,7 +295,7 @@ def test_a_record_0_1_0_wrote_is_read_whole_without_mark_or_room_aside() -> None
     ("data", "words"),
     [
         pytest.param(
-            {FORMAT_KEY: "3", DATA_KEY: "[]"}, "in format '3', of a later gpuadm", id="later"
+            {FORMAT_KEY: "4", DATA_KEY: "[]"}, "in format '4', of a later gpuadm", id="later"
         ),
         pytest.param({FORMAT_KEY: "2", DATA_KEY: "{}"}, "neither a list nor", id="v2-mapping"),
         pytest.param({DATA_KEY: '"x"'}, "neither a list nor", id="a-string"),

@@ -153,9 +153,9 @@ def test_a_pod_released_from_the_line_is_held_and_seen() -> None:
     assert usage.waiting("team-q") == []
     assert usage.waiting_namespaces() == []
     assert usage.in_use("team-q") == {"a100": Fraction(1, 2)}
-    assert usage.holdings("team-q") == [
-        Holding("team-q", "a100", Fraction(1, 2), body["metadata"]["name"])
-    ]
+    assert [
+        (h.namespace, h.class_name, h.charge, h.pod, h.uid) for h in usage.holdings("team-q")
+    ] == [("team-q", "a100", Fraction(1, 2), body["metadata"]["name"], uid(body))]
     assert usage.seen(uid(body))
 
 

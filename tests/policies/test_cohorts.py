@@ -1,0 +1,278 @@
+"""Cohorts' rules: who may hold what, which pods are borrowed, and what reclaim evicts."""
+
+from __future__ import annotations
+
+from fractions import Fraction as F
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from policies.loading import ConfigError, load_quotas
+from policies.quota.cohorts import (
+    Cohort,
+    Held,
+    Member,
+    borrowed_pods,
+    candidates,
+    reclaim_plan,
+    settled,
+)
+
+QUOTAS = """\
+mode: queue
+namespaces:
+  team-a:
+    cohort: research
+    a100: 4
+    borrow: {a100: 2}
+  team-b:
+    cohort: research
+    a100: 4
+    lend: {a100: 3}
+    reclaim: lowerPriority
+"""
+
+
+def cohort() -> Cohort:
+    found = load_quotas(QUOTAS).cohort_of("team-a")
+    assert found is not None
+    return found
+
+
+def test_the_issue_s_example_reads_with_kueue_s_defaults() -> None:
+    quotas = load_quotas(QUOTAS)
+    research = cohort()
+    assert quotas.cohort_of("team-b") == research
+    assert quotas.record_key("team-a") == quotas.record_key("team-b") == "cohort.research"
+    assert quotas.record_key("team-z") == "team-z"
+    a, b = research.members["team-a"], research.members["team-b"]
+    assert a.reclaim == "never"
+    assert b.reclaim == "lowerPriority"
+    assert a.lendable("a100") == 4  # no `lend`: all of its nominal quota
+    assert b.lendable("a100") == 3
+    assert b.guaranteed("a100") == 1
+    assert b.ceiling("a100") is None  # no `borrow`: bounded by the pool alone
+    assert research.pool("a100") == 7
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "words"),
+    [
+        (("{a100: 2}", "{a100: 2x}"), 6, "namespaces.team-a.borrow.a100: '2x' is not a quantity"),
+        (("borrow: {a100: 2}", "borrow: {t4: 2}"), 6, "team-a has no t4 limit"),
+        (("borrow: {a100: 2}", 'borrow: {"*": 2}'), 6, '"*" is not a class'),
+        (("lend: {a100: 3}", "lend: {a100: 5}"), 10, "lends 5, more than its a100 limit of 4"),
+        (
+            ("    a100: 4\n    borrow", '    "*": 5\n    a100: 4\n    borrow'),
+            5,
+            '"*": 5 is below a100: 4 plus borrow 2',
+        ),
+        (("  team-b:\n    cohort: research\n", "  team-b:\n"), 9, "lend needs a cohort"),
+        (("    reclaim: lowerPriority\n", "    reclaim: sometimes\n"), 11, "reclaim"),
+        (
+            ("cohort: research\n    a100: 4\n    lend", "cohort: other\n    a100: 4\n    lend"),
+            4,
+            "cohort 'research' has no other member",
+        ),
+        (
+            (
+                "cohort: research\n    a100: 4\n    borrow",
+                "cohort: Research!\n    a100: 4\n    borrow",
+            ),
+            4,
+            "is not a cohort name",
+        ),
+        (
+            ("mode: queue\n", "mode: queue\ndefault:\n  cohort: research\n"),
+            3,
+            "does not go under `default`",
+        ),
+    ],
+)
+def test_check_config_refuses_contradictions_naming_the_line(
+    change: tuple[str, str], line: int, words: str
+) -> None:
+    text = QUOTAS.replace(*change, 1)
+    assert text != QUOTAS
+    with pytest.raises(ConfigError) as refused:
+        load_quotas(text)
+    problem = refused.value.problems[0]
+    assert problem.startswith(f"quotas.yaml:{line}:"), problem
+    assert words in problem
+
+
+def test_a_class_the_policy_lacks_is_named_in_borrow_and_lend() -> None:
+    from policies.loading import load_policy
+    from tests.builders import POLICY_YAML
+
+    quotas = load_quotas(QUOTAS.replace("a100", "a200"))
+    paths = [path for path, _ in quotas.unknown_class_paths(load_policy(POLICY_YAML))]
+    assert ("namespaces", "team-a", "borrow", "a200") in paths
+    assert ("namespaces", "team-b", "lend", "a200") in paths
+
+
+def usage(a: int | F, b: int | F) -> dict[str, dict[str, F]]:
+    return {"team-a": {"a100": F(a)}, "team-b": {"a100": F(b)}}
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "reach_a", "reach_b"),
+    [
+        (0, 0, 6, 8),  # a: 4 + borrow 2; b: its 1 guaranteed + the whole pool of 7
+        (6, 0, 6, 2),  # a borrows 2 of b's 3 lent: b keeps 1 guaranteed + 1 lent and idle
+        (6, 2, 6, 2),
+        (4, 4, 4, 4),  # everyone at nominal: no one borrows
+        (0, 8, 0, 8),  # b draws the whole pool of 7: a, which guarantees itself none, gets 0
+    ],
+)
+def test_reach_is_the_guaranteed_part_plus_what_others_leave_of_the_pool(
+    a: int, b: int, reach_a: int, reach_b: int
+) -> None:
+    research = cohort()
+    assert research.reach("team-a", "a100", usage(a, b)) == reach_a
+    assert research.reach("team-b", "a100", usage(a, b)) == reach_b
+
+
+def test_needs_back_only_what_is_the_claimant_s_own() -> None:
+    research = cohort()
+    # a holds 6 (2 borrowed); b holding 1 may reach 2: its 1 guaranteed, and 1 left of 7.
+    assert research.needs_back("team-b", "a100", F(1), usage(6, 1)) == 0
+    # b holding 2 is at its reach: what it asks within its nominal 4 must come back.
+    assert research.needs_back("team-b", "a100", F(1), usage(6, 2)) == 1
+    assert research.needs_back("team-b", "a100", F(2), usage(6, 2)) == 2
+    assert research.needs_back("team-b", "a100", F(3), usage(6, 2)) == 0  # past nominal: none
+
+
+def test_lent_adds_up_to_what_is_borrowed() -> None:
+    research = cohort()
+    lent = research.lent("a100", usage(6, 1))
+    assert sum(lent.values()) == 2
+    assert lent["team-b"] == 2
+    assert lent["team-a"] == 0
+    assert research.lent("a100", usage(4, 4)) == {"team-a": 0, "team-b": 0}
+
+
+def pod(
+    name: str,
+    ns: str = "team-a",
+    *,
+    charge: int | F = 1,
+    priority: int = 0,
+    created: float = 0,
+    gang: str = "",
+    ending: bool = False,
+) -> Held:
+    return Held(name, ns, name, "a100", F(charge), priority, created, gang, ending)
+
+
+def test_the_borrowed_pods_are_the_newest_of_the_lowest_priority() -> None:
+    pods = [
+        pod("old", created=1),
+        pod("new", created=3),
+        pod("vip", created=4, priority=10),
+        pod("mid", created=2),
+    ]
+    assert [p.name for p in borrowed_pods(F(2), pods)] == ["mid", "new"]
+    assert borrowed_pods(F(4), pods) == []
+    # A pod partly beyond the nominal quota is borrowed; one being deleted is left out.
+    assert [p.name for p in borrowed_pods(F(3, 2), pods)] == ["old", "mid", "new"]
+    assert [p.name for p in borrowed_pods(F(2), [*pods[:3], pod("mid", ending=True)])] == ["new"]
+
+
+def big() -> Cohort:
+    nominal = {"a100": F(2)}
+    return Cohort(
+        "big",
+        {
+            "lender": Member("lender", {"a100": F(4)}, {}, {}, "lowerPriority"),
+            "x": Member("x", nominal, {}, {}, "never"),
+            "y": Member("y", nominal, {}, {}, "never"),
+        },
+    )
+
+
+def test_candidates_go_lowest_priority_then_newest_and_gangs_whole() -> None:
+    held = {
+        "x": [pod("x1", "x", created=1), pod("x2", "x", created=2), pod("x3", "x", created=5)],
+        "y": [
+            pod("g1", "y", gang="g", created=1),
+            pod("g2", "y", gang="g", created=2),
+            pod("g3", "y", gang="g", created=3),
+        ],
+    }
+    units = candidates(big(), "lender", "a100", 5, held)
+    # x3, created at 5, is newer than the gang, whose newest pod was created at 3.
+    assert [[p.name for p in u.pods] for u in units] == [["x3"], ["g1", "g2", "g3"]]
+    # lowerPriority: pods of the claimant's priority or above are not candidates.
+    assert candidates(big(), "lender", "a100", 0, held) == []
+    assert [u.pods[0].name for u in candidates(big(), "lender", "a100", 1, held)] == ["x3", "g1"]
+    assert candidates(big(), "x", "a100", 9, held) == []  # reclaim: never
+
+
+def test_a_reclaim_evicts_only_what_the_waiting_pod_needs_or_nothing() -> None:
+    research = big()
+    held = {"x": [pod(f"x{i}", "x", created=i) for i in range(5)], "y": []}
+    now = {"lender": {"a100": F(1)}, "x": {"a100": F(5)}, "y": {}}
+    units = candidates(research, "lender", "a100", 5, held)
+    assert [u.pods[0].name for u in units] == ["x4", "x3", "x2"]
+    assert [u.pods[0].name for u in reclaim_plan(research, "lender", "a100", F(2), now, units)] == [
+        "x4",
+        "x3",
+    ]
+    assert reclaim_plan(research, "lender", "a100", F(4), now, units) == []  # 3 at most
+    assert reclaim_plan(research, "lender", "a100", F(0), now, units) == []
+
+
+def test_settled_counts_pods_being_deleted_as_gone() -> None:
+    held = {"x": [pod("x1", "x", ending=True), pod("x2", "x")]}
+    assert settled({"x": {"a100": F(2)}}, "a100", held) == {"x": {"a100": F(1)}}
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4)), max_size=40),
+    st.lists(st.integers(0, 4), min_size=3, max_size=3),
+    st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=3, max_size=3),
+    st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=3, max_size=3),
+)
+def test_admitting_by_reach_never_draws_more_than_the_pool(
+    asks: list[tuple[int, int]],
+    nominal: list[int],
+    lend: list[int | None],
+    borrow: list[int | None],
+) -> None:
+    names = ["n0", "n1", "n2"]
+    members = {
+        n: Member(
+            n,
+            {"a100": F(nominal[i])},
+            {} if (most := borrow[i]) is None else {"a100": F(most)},
+            {} if (given := lend[i]) is None else {"a100": F(min(given, nominal[i]))},
+        )
+        for i, n in enumerate(names)
+    }
+    research = Cohort("c", members)
+    held = {n: {"a100": F(0)} for n in names}
+    for who, quarters in asks:
+        ns, charge = names[who], F(quarters, 4)
+        used = held[ns]["a100"]
+        fits = used + charge <= research.reach(ns, "a100", held)
+        if fits:
+            held[ns]["a100"] = used + charge
+        drawn = sum(research.drawn(n, "a100", held[n]["a100"]) for n in names)
+        assert drawn <= research.pool("a100")
+        for n in names:
+            ceiling = members[n].ceiling("a100")
+            assert ceiling is None or held[n]["a100"] <= ceiling
+        # A pod within the namespace's guaranteed part always fits.
+        if used + charge <= members[ns].guaranteed("a100"):
+            assert fits
+        # And one that draws nothing past what the pool has left fits: the bound is tight.
+        if not fits:
+            others = research.drawn_by_others(ns, "a100", held)
+            over = research.drawn(ns, "a100", used + charge)
+            ceiling = members[ns].ceiling("a100")
+            assert over + others > research.pool("a100") or (
+                ceiling is not None and used + charge > ceiling
+            )
