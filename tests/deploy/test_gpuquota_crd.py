@@ -28,6 +28,7 @@ COLUMNS = [
     ("In use", "string", ".status.inUse"),
     ("Reserved", "string", ".status.reserved"),
     ("Waiting", "integer", ".status.waiting"),
+    ("Borrowed", "string", ".status.borrowed"),
     ("Budget", "string", ".status.budget"),
     ("Budget used", "string", ".status.budgetUsed"),
     ("Age", "date", ".metadata.creationTimestamp"),

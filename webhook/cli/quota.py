@@ -74,11 +74,14 @@ async def cluster_reports(
 ) -> list[ClassReport]:
     """Read config, pods and usage records from the cluster; report as the webhook counts,
     with each GPU-hour budget's window as the GPU-hour records count it."""
+    from fractions import Fraction
+
     from policies.quota.gpu_hours import Hours, RecordError, used_in_windows
     from policies.quota.queue import Waiting
     from webhook.cli.cluster import cluster_config
     from webhook.gpu_hours.store import HoursStore
     from webhook.kube.objects import USAGE_RECORD_LABEL
+    from webhook.quota.claims import CLAIM_PREFIX
     from webhook.quota.configmap_store import record_of
     from webhook.quota.holdings import Holding, pod_state
     from webhook.quota.ledger import RESERVATION_TTL
@@ -107,14 +110,16 @@ async def cluster_reports(
     charged: set[str] = set()  # gated pods with a reservation: their gate is about to go
     now = time.time()
     for config_map in records:
-        namespace = str(config_map["metadata"]["labels"][USAGE_RECORD_LABEL])
+        key = str(config_map["metadata"]["labels"][USAGE_RECORD_LABEL])
         live = {
             uid: r
             for uid, r in record_of(config_map).reservations.items()
-            if now - r.at < RESERVATION_TTL
+            if now - r.at < RESERVATION_TTL and not uid.startswith(CLAIM_PREFIX)
         }
-        # A reservation stops counting once its pod is seen holding GPUs or ended.
-        reserved[namespace] = reservations_to_report(live, holdings.keys() | ended)
+        # A reservation stops counting once its pod is seen holding GPUs or ended; in a
+        # cohort's record, each names the member it charges.
+        for r in reservations_to_report(live, holdings.keys() | ended):
+            reserved.setdefault(r.namespace or key, []).append(r)
         charged.update(live)
     names = reported_namespaces(
         config.quotas,
@@ -124,6 +129,14 @@ async def cluster_reports(
         only=only,
     )
     hours = await HoursStore(api, gpuadm_namespace).read_all()
+    held: dict[str, dict[str, Fraction]] = {}
+    for h in holdings.values():
+        classes = held.setdefault(h.namespace, {})
+        classes[h.class_name] = classes.get(h.class_name, Fraction(0)) + h.charge
+    for namespace, found in reserved.items():
+        for r in found:
+            classes = held.setdefault(namespace, {})
+            classes[r.class_name] = classes.get(r.class_name, Fraction(0)) + r.charge
     reports = []
     for namespace in names:
         budgets = config.quotas.budgets_for(namespace)
@@ -141,8 +154,19 @@ async def cluster_reports(
             reserved.get(namespace, []),
             [w for w in waiting.values() if w.namespace == namespace and w.uid not in charged],
             budget_used=used,
+            cohort_usage=held,
         )
     return reports
+
+
+def _limit_cell(data: dict[str, Any]) -> str:
+    """The LIMIT column: the limit, and in a cohort what the namespace borrows and lends."""
+    limit = str(data.get("limit", "none"))
+    if "cohort" not in data:
+        return limit
+    said = [f"cohort {data['cohort']}"]
+    said += [f"{data[k]} {k}" for k in ("borrowed", "lent") if data.get(k) not in (None, "0")]
+    return f"{limit} ({', '.join(said)})"
 
 
 def table(reports: list[ClassReport], *, headers: bool = True) -> str:
@@ -170,7 +194,7 @@ def table(reports: list[ClassReport], *, headers: bool = True) -> str:
                 report.namespace,
                 report.class_name,
                 report.mode,
-                data.get("limit", "none"),
+                _limit_cell(data),
                 data["inUse"],
                 data["reserved"],
                 str(data["waiting"]),

@@ -170,6 +170,7 @@ class QuotaPublisher:
         self, namespace: str, published_all: dict[str, dict[str, tuple[Any, dict[str, Any]]]]
     ) -> None:
         quotas = self.config.current.quotas
+        cohort = quotas.cohort_of(namespace)
         reserved = await self.line.reserved(namespace, quotas.record_key(namespace))
         reports = namespace_report(
             namespace,
@@ -180,6 +181,7 @@ class QuotaPublisher:
             [w for w in self.usage.waiting(namespace) if w.uid not in reserved],
             budget_used=self.budget_used(namespace),
             gang_sizes=self.gang_sizes(namespace),
+            cohort_usage=None if cohort is None else await self.line.cohort_usage(cohort),
         )
         # A namespace the quota file lists is shown even while it holds nothing (with its
         # budgets, if it has only those); any other (under `default`) once it holds, reserves

@@ -129,6 +129,10 @@ class CohortKeeper:
                 pass
             self._wake.clear()
             if not (self.leading() and self.ready() and self.config.loaded):
+                # Only the leader counts what is borrowed and lent: a replica that led
+                # before shows nothing stale.
+                self.metrics.cohort_borrowed.clear()
+                self.metrics.cohort_lent.clear()
                 continue
             await self.pass_once()
 
@@ -138,6 +142,9 @@ class CohortKeeper:
         now = self.clock()
         self._evicted = {u: at for u, at in self._evicted.items() if now - at < EVICTED_SECONDS}
         marks = MARKS_PER_PASS
+        # Series of cohorts, members and classes no longer in the config go.
+        self.metrics.cohort_borrowed.clear()
+        self.metrics.cohort_lent.clear()
         for cohort in self.config.current.quotas.cohorts.values():
             try:
                 usage = await self.line.cohort_usage(cohort)

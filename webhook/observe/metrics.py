@@ -330,21 +330,21 @@ class Metrics:
             "gpuadm_cohort_borrowed_gpus",
             "GPUs a cohort member holds beyond its nominal quota of a class, borrowed from "
             "the idle quota its cohort lends (set by the leader).",
-            ["cohort", "namespace", "class"],
+            ["cohort", "namespace", "gpu_class"],
             registry=r,
         )
         self.cohort_lent = Gauge(
             "gpuadm_cohort_lent_gpus",
             "GPUs of a cohort member's idle quota of a class that borrowers hold (set by the "
             "leader).",
-            ["cohort", "namespace", "class"],
+            ["cohort", "namespace", "gpu_class"],
             registry=r,
         )
         self.cohort_reclaims = Counter(
             "gpuadm_cohort_reclaims",
             "Evictions of borrowed pods to give a lender its quota back, by outcome: evicted, "
             "disruption_budget (a PodDisruptionBudget refused it), failed.",
-            ["cohort", "class", "reason"],
+            ["cohort", "gpu_class", "reason"],
             registry=r,
         )
         self.task_restarts = Counter(

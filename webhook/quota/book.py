@@ -37,7 +37,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
-from policies.quota.cohorts import Cohort
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import ZERO, Allowances, holder_name
 from webhook.quota.reservations import (
@@ -290,18 +289,6 @@ class ReservationBook:
                 totals.get(reservation.class_name, Fraction(0)) + reservation.charge
             )
         return totals
-
-    def cohort_usage(
-        self, cohort: Cohort, reservations: Mapping[str, Reservation] | None = None
-    ) -> dict[str, dict[str, Fraction]]:
-        """Return what each member of a cohort holds, from its record's `reservations` (by
-        default, this replica's copy). No room is set aside in a cohort's record."""
-        if reservations is None:
-            reservations = self.copied(cohort.key)
-        return {
-            member: self.in_use(cohort.key, reservations, {}, set_aside=False, of=member)
-            for member in cohort.members
-        }
 
     def copied_namespaces(self) -> list[str]:
         """Return the namespaces this replica holds a copy of the record of."""

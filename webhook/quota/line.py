@@ -30,6 +30,7 @@ from policies.quota.quotas import QuotaConfig
 from webhook.quota.book import RecordBusy, ReservationBook
 from webhook.quota.claims import CLAIM_PREFIX, Claim, claims_in
 from webhook.quota.reservations import Conflict, RecordFull, Reservation, storable
+from webhook.quota.rooms import cohort_usage
 from webhook.quota.usage import UsageIndex
 from webhook.reviews.request import AdmissionRequest
 
@@ -170,7 +171,7 @@ class QueueLine:
         reservations = self._book.unexpired(key, record, now)
         if cohort is not None:
             limits = cohort.limits_now(
-                namespace, limits, self._book.cohort_usage(cohort, reservations)
+                namespace, limits, cohort_usage(self._book, cohort, reservations)
             )
         line = self._usage.line(namespace)
         # Only the record is visited, and the pods of the line it charges: never the line.
@@ -271,7 +272,7 @@ class QueueLine:
         in_use = self._book.in_use(key, reservations, of=namespace)
         if cohort is not None:
             limits = cohort.limits_now(
-                namespace, limits, self._book.cohort_usage(cohort, reservations)
+                namespace, limits, cohort_usage(self._book, cohort, reservations)
             )
 
         def place(pod: Waiting) -> Place | None:
@@ -298,7 +299,7 @@ class QueueLine:
     async def cohort_usage(self, cohort: Cohort) -> dict[str, dict[str, Fraction]]:
         """Read a cohort's record again and return what each of its members holds."""
         await self._book.refresh(cohort.key)
-        return self._book.cohort_usage(cohort)
+        return cohort_usage(self._book, cohort)
 
     def cohort_claims(self, cohort: Cohort) -> list[Claim]:
         """Return the claims of a cohort's record as last read (`cohort_usage` reads it):

@@ -15,12 +15,13 @@ The ledger judges against in use plus reserved.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from typing import Any
 
 from policies.quantity import format_amount
 from policies.quota.budget import Budget
+from policies.quota.cohorts import Cohort
 from policies.quota.queue import Waiting, in_line_order
 from policies.quota.quotas import ALL_CLASSES, QuotaConfig
 from webhook.quota.holdings import Holding
@@ -49,6 +50,12 @@ class ClassReport:
     budget_used: Fraction | None = None
     # The size of each gang, where it is known (the leader reads what sizes a gang).
     gang_sizes: Mapping[str, int] = field(default_factory=dict)
+    # In a cohort (`policies.quota.cohorts`): its name, what the namespace holds beyond its
+    # nominal quota (the limit), and what of its idle quota borrowers hold (None: not known
+    # to whoever made the report).
+    cohort: str | None = None
+    borrowed: Fraction | None = None
+    lent: Fraction | None = None
 
     @property
     def waiting_gpus(self) -> Fraction:
@@ -98,6 +105,14 @@ class ClassReport:
             data["holdersNotListed"] = len(self.holders) - NAMED_PODS_MAX
         if len(self.waiting) > NAMED_PODS_MAX:
             data["queueNotListed"] = len(self.waiting) - NAMED_PODS_MAX
+        if self.cohort is not None:
+            data["cohort"] = self.cohort
+            if self.limit is not None:
+                data["nominal"] = format_amount(self.limit)
+            if self.borrowed is not None:
+                data["borrowed"] = format_amount(self.borrowed)
+            if self.lent is not None:
+                data["lent"] = format_amount(self.lent)
         if self.budget is not None:
             data["budget"] = str(self.budget)
         if self.budget is not None and self.budget_used is not None:
@@ -114,6 +129,7 @@ def namespace_report(
     *,
     budget_used: Mapping[str, Fraction] | None = None,
     gang_sizes: Mapping[str, int] | None = None,
+    cohort_usage: Mapping[str, Mapping[str, Fraction]] | None = None,
 ) -> list[ClassReport]:
     """Report each class the namespace has a limit or a GPU-hour budget for, holds, reserves
     or waits for, and `*` when it has a cap or a budget across classes. Classes come in name
@@ -121,7 +137,9 @@ def namespace_report(
 
     `budget_used`: per class with a budget (or `*`), the GPU-seconds used in the budget's
     window; a class it leaves out reports its budget without what was used of it.
-    `gang_sizes`: the size of each gang of the line, where it is known.
+    `gang_sizes`: the size of each gang of the line, where it is known. `cohort_usage`:
+    what each member of the namespace's cohort holds, pods and reservations, to say what of
+    its idle quota borrowers hold.
     """
     terms = quotas.terms(namespace)
     limits, mode, budgets = terms.limits, terms.mode, terms.budgets
@@ -156,6 +174,9 @@ def namespace_report(
         )
         for name in classes
     ]
+    cohort = quotas.cohort_of(namespace)
+    if cohort is not None:
+        reports = [_in_cohort(r, cohort, cohort_usage) for r in reports]
     if ALL_CLASSES in limits or ALL_CLASSES in budgets:
         everyone = [h for name in sorted(holders) for h in holders[name]]
         reports.append(
@@ -173,6 +194,23 @@ def namespace_report(
             )
         )
     return reports
+
+
+def _in_cohort(
+    report: ClassReport, cohort: Cohort, usage: Mapping[str, Mapping[str, Fraction]] | None
+) -> ClassReport:
+    """Say what a cohort member's report of a shared class borrows and lends."""
+    namespace, class_name = report.namespace, report.class_name
+    if class_name not in cohort.members[namespace].nominal:
+        return report
+    held = report.in_use + report.reserved
+    lent = None if usage is None else cohort.lent(class_name, usage).get(namespace)
+    return replace(
+        report,
+        cohort=cohort.name,
+        borrowed=cohort.borrowed(namespace, class_name, held),
+        lent=lent,
+    )
 
 
 def _report(

@@ -37,7 +37,7 @@ class Rooms:
         self._book = book
         self._reservations = reservations
         if cohort is not None:
-            self.totals = book.cohort_usage(cohort, reservations)
+            self.totals = cohort_usage(book, cohort, reservations)
         else:
             self.totals = {key: book.in_use(key, reservations, allowances)}
 
@@ -104,6 +104,21 @@ class Rooms:
             return verdict
         usage = {**self.totals, namespace: dict(in_use)}
         return told(verdict, self.cohort, namespace, class_name, charge, usage)
+
+
+def cohort_usage(
+    book: ReservationBook,
+    cohort: Cohort,
+    reservations: Mapping[str, Reservation] | None = None,
+) -> dict[str, dict[str, Fraction]]:
+    """Return what each member of a cohort holds, from its record's `reservations` (by
+    default, this replica's copy). No room is set aside in a cohort's record."""
+    if reservations is None:
+        reservations = book.copied(cohort.key)
+    return {
+        member: book.in_use(cohort.key, reservations, {}, set_aside=False, of=member)
+        for member in cohort.members
+    }
 
 
 def record_key(quotas: QuotaConfig, namespace: str) -> tuple[str, Cohort | None]:

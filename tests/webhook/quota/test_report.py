@@ -301,3 +301,36 @@ def test_queue_readings_count_the_gangs_waiting_and_the_oldest_gang_wait() -> No
         {"gang": "gpuadm/g2", "pods": 1, "gpus": "1", "size": 3},
     ]
     assert [q.get("gang") for q in shown["queue"]] == [None, "gpuadm/g1", "gpuadm/g1", "gpuadm/g2"]
+
+
+def test_a_cohort_member_s_report_says_what_it_borrows_and_lends() -> None:
+    from policies.loading import load_quotas
+
+    quotas = load_quotas(
+        "namespaces:\n"
+        "  team-a: {cohort: research, a100: 1}\n"
+        "  team-b: {cohort: research, a100: 3, lend: {a100: 2}}\n"
+    )
+    usage = {"team-a": {"a100": F(3)}, "team-b": {"a100": F(0)}}
+    (a,) = namespace_report(
+        "team-a",
+        quotas,
+        [Holding("team-a", "a100", F(1), f"p{i}") for i in range(3)],
+        [],
+        [],
+        cohort_usage=usage,
+    )
+    shown = a.to_json()
+    assert (shown["cohort"], shown["nominal"], shown["borrowed"], shown["lent"]) == (
+        "research",
+        "1",
+        "2",
+        "0",
+    )
+    (b,) = namespace_report("team-b", quotas, [], [], [], cohort_usage=usage)
+    shown = b.to_json()
+    assert (shown["borrowed"], shown["lent"]) == ("0", "2")
+    (alone,) = namespace_report(
+        "team-a", load_quotas("namespaces: {team-a: {a100: 1}}"), [], [], []
+    )
+    assert "cohort" not in alone.to_json() and "borrowed" not in alone.to_json()
