@@ -174,6 +174,23 @@ def quota_rows(quota: dict[str, Any]) -> list[Row]:
             "quota judgement, 100,000 vs 10 pods (us)", judgement["100000"], judgement["10"], 1.5
         ),
         below("resident memory, 100,000 vs 10 GPU pods (MB)", rss["100000"], rss["10"], 150, "MB"),
+        *_cohort_rows(quota),
+    ]
+
+
+def _cohort_rows(quota: dict[str, Any]) -> list[Row]:
+    """A create under a cohort (its record written each time) against one under a plain
+    namespace quota (admitted from room aside where it can), in-process."""
+    creates = quota.get("create_us")
+    if not creates:
+        return []
+    return [
+        ratio_at_most(
+            "quota: create under a cohort vs under a plain namespace quota (us)",
+            creates["cohort"],
+            creates["plain"],
+            2.0,
+        )
     ]
 
 

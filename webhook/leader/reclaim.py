@@ -239,12 +239,15 @@ class CohortKeeper:
         claims = {
             c.namespace: c for c in self.line.cohort_claims(cohort) if c.class_name == class_name
         }
+        # A waiting pod the record charges is released already, its gate about to go: its
+        # room is counted, and it needs none back.
+        charged = self.line.charged(cohort.key)
         for ns, member in cohort.members.items():
             if member.reclaim == "never":
                 continue
             claimant: Waiting | Claim | None
             if quotas.mode_for(ns) == "queue":
-                claimant = self._first_waiting(ns, class_name)
+                claimant = self._first_waiting(ns, class_name, charged)
             else:  # enforce: a pod refused lately left a claim in the record
                 claimant = claims.get(ns)
             if claimant is None:
@@ -267,9 +270,9 @@ class CohortKeeper:
             await self._evict(cohort, class_name, claimant, need, units, after)
             return  # one claimant a pass: the next pass sees what this one freed
 
-    def _first_waiting(self, namespace: str, class_name: str) -> Waiting | None:
+    def _first_waiting(self, namespace: str, class_name: str, charged: set[str]) -> Waiting | None:
         for pod in self.usage.line(namespace).ordered():
-            if pod.class_name == class_name:
+            if pod.class_name == class_name and pod.uid not in charged:
                 return pod
         return None
 

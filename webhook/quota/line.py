@@ -301,6 +301,11 @@ class QueueLine:
         await self._book.refresh(cohort.key)
         return cohort_usage(self._book, cohort)
 
+    def charged(self, key: str) -> set[str]:
+        """Return the keys of the reservations in this replica's copy of a record: pods
+        charged, a waiting one among them released, its gate about to go."""
+        return set(self._book.copied(key))
+
     def cohort_claims(self, cohort: Cohort) -> list[Claim]:
         """Return the claims of a cohort's record as last read (`cohort_usage` reads it):
         lenders' pods refused in enforce mode, asking for their quota back."""

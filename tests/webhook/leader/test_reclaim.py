@@ -4,17 +4,20 @@ from __future__ import annotations
 
 import copy
 import functools
+from fractions import Fraction
 from typing import Any
 
+from policies import plan, require_fixed_point
 from policies.quota.borrowing import BORROWED
 from tests.builders import POLICY_YAML
 from tests.webhook.leader.test_release import Cluster
-from tests.webhook.quota.test_queue_ledger import stored_pod
+from tests.webhook.quota.test_queue_ledger import request, stored_pod
 from webhook.config.snapshot import ConfigHolder, ConfigSnapshot, snapshot_from_text
 from webhook.kube.errors import KubeError
 from webhook.kube.rest import AsyncApi
 from webhook.leader.reclaim import CohortKeeper
 from webhook.observe.metrics import Metrics
+from webhook.quota.claims import claims_in
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore
 from webhook.quota.usage import UsageIndex
@@ -58,14 +61,20 @@ class Evictions(Cluster):
         self.recorded.append((event["name"], event["reason"], event["message"]))
 
 
-def keeper(cluster: Evictions, usage: UsageIndex, reclaim: str = "any") -> CohortKeeper:
+def keeper(
+    cluster: Evictions,
+    usage: UsageIndex,
+    reclaim: str = "any",
+    store: MemoryStore | None = None,
+    snapshot: ConfigSnapshot | None = None,
+) -> CohortKeeper:
     stand_in: Any = cluster
     api: AsyncApi = stand_in
-    ledger = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+    ledger = QuotaLedger(usage, store or MemoryStore(), pods_visible=True)
     return CohortKeeper(
         ledger.line,
         usage,
-        ConfigHolder(config(reclaim)),
+        ConfigHolder(snapshot or config(reclaim)),
         api,
         leading=lambda: True,
         ready=lambda: True,
@@ -159,3 +168,53 @@ async def test_the_borrowed_pods_are_labelled_and_the_nominal_ones_are_not() -> 
     )
     gauge = work.metrics.cohort_borrowed.labels("research", "team-a", "h100")._value.get()
     assert gauge == 2
+
+
+async def test_a_waiting_pod_the_record_charges_already_needs_nothing_back() -> None:
+    """Released (charged, its gate about to go), the lender's pod holds its room: nothing
+    more is evicted for it."""
+    usage, cluster, running = borrowers_and_a_lender()
+    store = MemoryStore()
+    work = keeper(cluster, usage, store=store)
+    await work.pass_once()
+    assert len(cluster.evicted) == 1
+    gone = running[-1]["metadata"]["uid"]
+    usage.forget(gone)  # the kubelet ended it; the line's next turn charges team-b's pod
+    ledger = QuotaLedger(usage, store, pods_visible=True)
+    released, _ = await ledger.line.release("team-b", config("any").quotas)
+    assert [p.namespace for p in released] == ["team-b"]
+    await work.pass_once()
+    assert len(cluster.evicted) == 1
+
+
+async def test_an_enforce_lender_s_refused_pod_leaves_a_claim_the_leader_evicts_for() -> None:
+    snapshot = snapshot_from_text(
+        POLICY_YAML,
+        QUOTAS.replace("RECLAIM", "any").replace("mode: queue", "mode: enforce"),
+        policy_source="p",
+        quotas_source="q",
+    )
+    running = [stored_pod({"gpuadm.io/h100": "1"}, "team-a") for _ in range(4)]
+    usage = UsageIndex()
+    for body in running:
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    store = MemoryStore()
+    admitting = QuotaLedger(usage, store, pods_visible=True)
+    body = stored_pod({"gpuadm.io/h100": "1"}, "team-b", priority=3)
+    refused = await admitting.admit(
+        request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+    )
+    assert refused is not None
+    assert not refused.allowed
+    assert "reclaim: any: gpuadm evicts borrowed pods to return it; retry" in (
+        refused.message or ""
+    )
+    claims = claims_in((await store.read("cohort.research")).reservations)
+    assert [(c.namespace, c.class_name, c.charge, c.priority) for c in claims] == [
+        ("team-b", "h100", Fraction(1), 3)
+    ]
+    cluster = Evictions(*running)
+    await keeper(cluster, usage, store=store, snapshot=snapshot).pass_once()
+    assert cluster.evicted == [running[-1]["metadata"]["name"]]
+    # The claim is no reservation of a pod: reports do not show it.
+    assert await admitting.line.reserved("team-b", "cohort.research") == {}
