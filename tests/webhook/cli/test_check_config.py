@@ -504,3 +504,30 @@ def test_from_a_cluster_without_gpuadms_configmaps_says_so(
     out = capsys.readouterr().out
     assert "configmap gpuadm-system/gpuadm-policy: not found" in out
     assert "configmap gpuadm-system/gpuadm-quotas: not found" in out
+
+
+COHORT = """\
+namespaces:
+  team-a:
+    cohort: research
+    a100: 4
+    borrow: {a100: 2}
+  team-b:
+    cohort: research
+    a100: 4
+    lend: {a10o: 3}
+"""
+
+
+def test_check_config_names_the_line_of_a_cohort_s_refusal_and_of_an_unknown_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(COHORT.replace("{a100: 2}", "{a100: 2x}"))
+    assert main(["check-config", str(POLICY), str(quotas)]) == 1
+    out = capsys.readouterr().out
+    assert f"{quotas}:5: namespaces.team-a.borrow.a100: '2x' is not a quantity" in out
+    quotas.write_text(COHORT)
+    assert main(["check-config", str(POLICY), str(quotas)]) == 1
+    out = capsys.readouterr().out
+    assert f"{quotas}:9: namespaces.team-b.lend.a10o:" in out

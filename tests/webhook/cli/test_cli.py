@@ -324,3 +324,26 @@ def test_review_shows_the_claim_rewrite_and_the_template_of_a_dra_class(
     out = capsys.readouterr().out
     assert "ResourceClaimTemplate gpuadm makes in the namespace, if it is missing:" in out
     assert f"name: {name}" in out
+
+
+def test_review_says_when_a_pod_would_borrow_from_its_cohort(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    quotas = tmp_path / "quotas.yaml"
+    quotas.write_text(
+        "namespaces:\n"
+        "  team-a: {cohort: research, h100: 1, borrow: {h100: 2}}\n"
+        "  team-b: {cohort: research, h100: 2}\n"
+    )
+    pod = (
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: team-a}}\n"
+        "spec: {{containers: [{{name: m, image: i, resources: {{limits: "
+        '{{gpuadm.io/h100: "1"}}}}}}]}}\n'
+    )
+    path = tmp_path / "pods.yaml"
+    path.write_text(pod.format(name="p1") + "---\n" + pod.format(name="p2"))
+    assert main(["review", str(path), "--policy", str(POLICY), "--quotas", str(quotas)]) == 0
+    out = capsys.readouterr()
+    said = out.out + out.err
+    assert said.count("borrows 1 h100 from cohort research") == 1
+    assert "(2 in use, nominal quota 1)" in said
