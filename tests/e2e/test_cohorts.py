@@ -29,6 +29,10 @@ TENANTS: dict[str, dict[str, object]] = {
     "pdb-b": {**QUEUE, "cohort": "pdb", "h100": 2, "reclaim": "any"},
     "keep-a": {**QUEUE, "cohort": "keep", "h100": 1, "borrow": {"h100": 1}},
     "keep-b": {**QUEUE, "cohort": "keep", "h100": 1, "reclaim": "never"},
+    "gang-a": {**QUEUE, "cohort": "gang", "h100": 0, "borrow": {"h100": 2}},
+    "gang-b": {**QUEUE, "cohort": "gang", "h100": 2, "reclaim": "any"},
+    "kill-a": {**QUEUE, "cohort": "kill", "h100": 1, "borrow": {"h100": 2}},
+    "kill-b": {**QUEUE, "cohort": "kill", "h100": 2, "reclaim": "any"},
     # 200 creates: 10 + 20 + 20 nominal, burst-c never lends 10 of its 20: 50 at most, burst-a
     # at most 15.
     "burst-a": {"cohort": "burst", "h100": 10, "borrow": {"h100": 5}},
@@ -170,6 +174,63 @@ def test_reclaim_never_evicts_nothing_and_the_lender_waits_for_the_borrower_to_e
     assert phase(installation, "keep-a", "k1") == "Running"
     installation.core.delete_namespaced_pod("k1", "keep-a")
     wait_for(lambda: phase(installation, "keep-b", "l0") == "Running", "the lender's pod released")
+
+
+def test_a_borrowing_gang_is_evicted_whole(installation: Installation) -> None:
+    template = running_pod("worker")
+    del template["metadata"]["name"]
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "train"},
+        "spec": {
+            "parallelism": 2,
+            "completions": 2,
+            "backoffLimit": 10,
+            "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}},
+        },
+    }
+    kubernetes.client.BatchV1Api(installation.api).create_namespaced_job("gang-a", job)
+
+    def workers(phase_: str) -> set[str]:
+        return {
+            p.metadata.name
+            for p in installation.core.list_namespaced_pod("gang-a").items
+            if p.status.phase == phase_
+            and not any(g.name == GATE for g in p.spec.scheduling_gates or [])
+            and p.metadata.deletion_timestamp is None
+        }
+
+    wait_for(lambda: len(workers("Running")) == 2, "the gang of two running on borrowed GPUs")
+    first = workers("Running")
+    create(installation, "gang-b", "g0")
+    wait_for(lambda: phase(installation, "gang-b", "g0") == "Running", "the lender's pod running")
+
+    def gone() -> bool:
+        names = {p.metadata.name for p in installation.core.list_namespaced_pod("gang-a").items}
+        return not (first & names)
+
+    wait_for(gone, "both workers of the gang evicted and ended, not one")
+    assert workers("Running") == set(), "the Job's new workers wait whole: room for one only"
+
+
+def test_a_leader_killed_mid_reclaim_evicts_once_and_the_lender_runs(
+    installation: Installation,
+) -> None:
+    for name in ("k0", "k1", "k2"):
+        create(installation, "kill-a", name)
+    wait_for(
+        lambda: all(phase(installation, "kill-a", n) == "Running" for n in ("k0", "k1", "k2")),
+        "three pods of kill-a running, two borrowed",
+    )
+    leader = installation.leader()
+    installation.core.create_namespaced_pod("kill-b", running_pod("m0"))
+    installation.kill(leader)
+    wait_for(lambda: phase(installation, "kill-b", "m0") == "Running", "the lender's pod running")
+    time.sleep(8)  # the new leader's passes, and more
+    left = {p.metadata.name for p in installation.core.list_namespaced_pod("kill-a").items}
+    assert left == {"k0", "k1"}, "exactly one borrower evicted, the newest"
+    wait_for(lambda: len(installation.ready_pods()) == 3, "the killed replica replaced")
 
 
 def test_a_burst_across_a_cohort_of_three_admits_exactly_its_total(

@@ -57,6 +57,7 @@ from webhook.quota.usage import UsageIndex
 log = logging.getLogger("gpuadm.reclaim")
 
 PERIOD_SECONDS = 5.0
+MIN_GAP_SECONDS = 1.0
 # The most label patches one pass makes: a cohort of thousands of borrowed pods is marked
 # over several passes, never in one burst of writes.
 MARKS_PER_PASS = 50
@@ -135,6 +136,9 @@ class CohortKeeper:
                 self.metrics.cohort_lent.clear()
                 continue
             await self.pass_once()
+            # Woken by every pod event of a member, a pass reads each cohort's record: at
+            # most one a second, however busy the members.
+            await asyncio.sleep(MIN_GAP_SECONDS)
 
     async def pass_once(self) -> None:
         """Mark and reclaim in every cohort of the config, once."""
