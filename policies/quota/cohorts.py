@@ -139,6 +139,18 @@ class Cohort:
             for key, limit in limits.items()
         }
 
+    def widest(self, namespace: str, limits: Mapping[str, Fraction]) -> dict[str, Fraction]:
+        """Return a member's limits as wide as its cohort ever lets them be, for what could
+        never fit: each shared class at its guaranteed part plus the whole pool, within its
+        nominal quota plus `borrow`; the others (and `*`) as they are."""
+        member = self.members[namespace]
+        widest = dict(limits)
+        for class_name in member.nominal:
+            most = member.guaranteed(class_name) + self.pool(class_name)
+            ceiling = member.ceiling(class_name)
+            widest[class_name] = most if ceiling is None else min(most, ceiling)
+        return widest
+
     def borrowed(self, namespace: str, class_name: str, used: Fraction) -> Fraction:
         """Return how much a member holding `used` of a class holds beyond its nominal."""
         return max(ZERO, used - self.members[namespace].nominal.get(class_name, ZERO))

@@ -178,7 +178,6 @@ def test_reclaim_never_evicts_nothing_and_the_lender_waits_for_the_borrower_to_e
 
 def test_a_borrowing_gang_is_evicted_whole(installation: Installation) -> None:
     template = running_pod("worker")
-    del template["metadata"]["name"]
     job = {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -187,7 +186,7 @@ def test_a_borrowing_gang_is_evicted_whole(installation: Installation) -> None:
             "parallelism": 2,
             "completions": 2,
             "backoffLimit": 10,
-            "template": {**template, "spec": {**template["spec"], "restartPolicy": "Never"}},
+            "template": {"spec": {**template["spec"], "restartPolicy": "Never"}},
         },
     }
     kubernetes.client.BatchV1Api(installation.api).create_namespaced_job("gang-a", job)

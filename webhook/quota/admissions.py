@@ -64,6 +64,7 @@ from webhook.quota.verdicts import (
     reservation_key,
     taken_meanwhile,
     when_full,
+    widest_limits,
     without,
 )
 from webhook.quota.watermark import NOT_IN_SYNC
@@ -112,11 +113,12 @@ class AdmissionJudge:
             return gate_outside_queue(namespace, gate, mode)
         if not limits_on(plan.class_name, limits):
             return None
-        if gated and (never := never_fitting(namespace, plan, limits)) is not None:
+        widest = widest_limits(config, namespace)
+        if gated and (never := never_fitting(namespace, plan, widest)) is not None:
             return never
         member = None
         if gated or mode == "enforce":  # in line, the leader charges a gang whole
-            found = await member_of(request, self.gang_size, plan, limits, in_line=gated)
+            found = await member_of(request, self.gang_size, plan, widest, in_line=gated)
             if isinstance(found, QuotaVerdict):
                 return found
             member = None if gated else found

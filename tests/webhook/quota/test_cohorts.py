@@ -122,3 +122,21 @@ async def test_a_namespace_outside_any_cohort_keeps_its_own_record() -> None:
     assert await store.namespaces() == ["team-d"]
     record = await store.read("team-d")
     assert [r.namespace for r in record.reservations.values()] == [""]
+
+
+def test_a_member_with_no_quota_of_its_own_may_still_borrow_what_the_pool_holds() -> None:
+    """A pod past the nominal quota alone is not one that could never fit: the pool may
+    take it. Past nominal + borrow (or the pool) it could never run, and is refused."""
+    from webhook.quota.verdicts import gate_verdict
+
+    snapshot = config(
+        "mode: queue\nnamespaces:\n"
+        "  team-a: {cohort: research, h100: 0, borrow: {h100: 2}}\n"
+        "  team-b: {cohort: research, h100: 4}\n"
+    )
+    for gpus, allowed in (("2", True), ("3", False)):
+        body = stored_pod({"gpuadm.io/h100": gpus}, "team-a")
+        verdict = gate_verdict("team-a", plan(body, snapshot.policy), snapshot)
+        assert verdict is not None
+        assert verdict.allowed is allowed, gpus
+        assert verdict.queued is allowed
