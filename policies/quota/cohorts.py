@@ -296,6 +296,26 @@ def freed_by(cohort: Cohort, class_name: str, unit: Unit, used: Fraction) -> Fra
     return min(unit.charge, drawn)
 
 
+class Giving:
+    """The room evictions give back to a cohort's pool of a class, as they are made: each
+    member gives back only what it draws, and what it holds falls as its pods go."""
+
+    def __init__(self, cohort: Cohort, class_name: str, usage: Usage) -> None:
+        self.cohort = cohort
+        self.class_name = class_name
+        self.held = {ns: usage.get(ns, {}).get(class_name, ZERO) for ns in cohort.members}
+        self.freed = ZERO
+
+    def gives(self, unit: Unit) -> Fraction:
+        """Return what evicting `unit` would give back now."""
+        return freed_by(self.cohort, self.class_name, unit, self.held[unit.namespace])
+
+    def took(self, unit: Unit, gives: Fraction) -> None:
+        """Note that `unit` was evicted, giving back `gives`."""
+        self.freed += gives
+        self.held[unit.namespace] -= unit.charge
+
+
 def reclaim_plan(
     cohort: Cohort,
     claimant: str,
@@ -309,19 +329,15 @@ def reclaim_plan(
     pod fit would only stop work. Each member gives back only what it draws."""
     if need <= 0:
         return []
-    held = {ns: usage.get(ns, {}).get(class_name, ZERO) for ns in cohort.members}
+    giving = Giving(cohort, class_name, usage)
     chosen: list[Unit] = []
-    freed = ZERO
     for unit in units:
-        if freed >= need:
+        if giving.freed >= need:
             break
-        gives = freed_by(cohort, class_name, unit, held[unit.namespace])
-        if not gives:
-            continue
-        chosen.append(unit)
-        freed += gives
-        held[unit.namespace] -= unit.charge
-    return chosen if freed >= need else []
+        if gives := giving.gives(unit):
+            chosen.append(unit)
+            giving.took(unit, gives)
+    return chosen if giving.freed >= need else []
 
 
 def settled(usage: Usage, class_name: str, pods: Mapping[str, Sequence[Held]]) -> Usage:

@@ -36,11 +36,11 @@ from policies.quota.borrowing import BORROWED, borrowing_note
 from policies.quota.cohorts import (
     ZERO,
     Cohort,
+    Giving,
     Held,
     Unit,
     borrowed_pods,
     candidates,
-    freed_by,
     reclaim_plan,
     settled,
 )
@@ -289,13 +289,12 @@ class CohortKeeper:
         units: list[Unit],
         usage: Mapping[str, Mapping[str, Fraction]],
     ) -> None:
-        held = {ns: usage.get(ns, {}).get(class_name, ZERO) for ns in cohort.members}
-        freed = ZERO
+        giving = Giving(cohort, class_name, usage)
         amount = f"{format_amount(need)} {class_name}"
         for unit in units:
-            if freed >= need:
+            if giving.freed >= need:
                 break
-            gives = freed_by(cohort, class_name, unit, held[unit.namespace])
+            gives = giving.gives(unit)
             if not gives:
                 continue
             evicted = 0
@@ -305,8 +304,7 @@ class CohortKeeper:
                 elif not evicted:
                     break  # a gang whose first pod a budget protects is left whole
             if evicted:
-                freed += gives
-                held[unit.namespace] -= unit.charge
+                giving.took(unit, gives)
         if not isinstance(claimant, Waiting):
             return  # a refused pod is not there to be told: its retry finds the room
         await self._tell(
@@ -315,7 +313,7 @@ class CohortKeeper:
             (
                 f"gpuadm evicted borrowed pods in cohort {cohort.name} to return {amount} "
                 f"to {claimant.namespace}"
-                if freed >= need
+                if giving.freed >= need
                 else f"gpuadm could evict only part of the {amount} borrowers of cohort "
                 f"{cohort.name} hold of {claimant.namespace}'s quota: PodDisruptionBudgets "
                 "refused the rest; it tries again"
