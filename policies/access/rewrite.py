@@ -23,7 +23,7 @@ from policies.access.demand import (
 )
 from policies.classes.asks import Grant
 from policies.classes.class_base import ClassBase, rounding_warning
-from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY
 from policies.errors import Denial
 from policies.pods.dra_templates import ClaimTemplate, Held, entry_name, is_entry_name
 from policies.pods.pod_shape import REQUIRED, check_metadata, check_pod, shown
@@ -192,7 +192,7 @@ def _inputs(
             spec.get("resourceClaims"),
             bool(annotations),
             owned,
-            [annotations.get(key) for key in DEVICE_CHOICE_ANNOTATIONS],
+            [annotations.get(key) for key in (*DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY)],
             [annotations.get(key) for key in REQUEST_ANNOTATIONS],
             bool(labels),
             labels.get(prefix + "class"),
@@ -336,13 +336,17 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
 
     They are gpuadm's to write: one the class writes is replaced by the class's value, and a
     note tells the user so; one it does not write is refused, since it would steer the stack
-    around the class.
+    around the class. HAMi's GPU policy only chooses among the class's GPUs: the class's value
+    replaces the pod's, and where the class writes none the pod's stands.
     """
     brought = pod.annotations
-    written = policy.backend_annotations(class_name)
+    written = {
+        **policy.backend_annotations(class_name),
+        **policy.classes[class_name].placement_annotations(),
+    }
     notes = []
-    for key in DEVICE_CHOICE_ANNOTATIONS:
-        if key not in brought:
+    for key in (*DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY):
+        if key not in brought or (key == HAMI_GPU_POLICY and key not in written):
             continue
         if key not in written:
             raise Denial(
@@ -351,9 +355,14 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
                 "chooses the GPU model"
             )
         if brought[key] != written[key]:
+            why = (
+                "the class chooses how its GPUs are shared"
+                if key == HAMI_GPU_POLICY
+                else "only gpuadm writes it"
+            )
             notes.append(
                 f"annotation {key}: {shown(brought[key])} replaced by {written[key]!r}, the value "
-                f"of class {class_name}; only gpuadm writes it"
+                f"of class {class_name}; {why}"
             )
     return notes
 
@@ -378,6 +387,7 @@ def _metadata_ops(
         policy.class_annotation: demand.class_name,
         policy.demand_annotation: f"{demand.class_name}={format_amount(charge)}",
         **policy.backend_annotations(demand.class_name),
+        **gpu_class.placement_annotations(),
         **requests,
     }
     class_labels = gpu_class.pod_labels(namespace)

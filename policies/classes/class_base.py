@@ -345,6 +345,11 @@ class ClassBase(Model):
         stack may give it; `others` are the GPU models the policy's other classes list."""
         return {}
 
+    def placement_annotations(self) -> Mapping[str, str]:
+        """Return the annotations that tell the stack's scheduler which of the class's GPUs
+        to prefer (HAMi's binpack or spread); they give no GPU outside the class."""
+        return {}
+
     def gputype_entries(self) -> list[str]:
         """Return the names the class's GPUs are known by to HAMi and Volcano."""
         return [hami_device_type(model) for model in self.models or ()]

@@ -28,6 +28,9 @@ DEVICE_CHOICE_ANNOTATIONS = (
     "nvidia.com/vgpu-mode",  # HAMi: hami-core, mig or mps
     "volcano.sh/vgpu-mode",  # Volcano: hami-core or mig
 )
+# HAMi's per-pod choice among the GPUs that fit (`binpack` or `spread`). It gives no GPU
+# outside the class, so a pod may bring one where its class writes none.
+HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 
 VgpuStack = Literal["hami", "volcano"]
 # How messages name each stack.

@@ -101,12 +101,14 @@ def test_the_stored_pod_is_rewritten_for_its_backend(
     assert pod["status"]["phase"] == "Pending"
 
 
-def test_hami_pods_get_their_gpu_types(gpuadm: Deployment, namespace: str) -> None:
-    pod = gpuadm.create_pod(namespace, {"gpuadm.io/a100": "1"})
+def test_hami_pods_get_their_gpu_types_and_binpack(gpuadm: Deployment, namespace: str) -> None:
+    pod = gpuadm.create_pod(namespace, {"gpuadm.io/a100": "0.5"})
     # The spelling HAMi registers devices under: the driver's names, not GFD's labels.
     assert pod["metadata"]["annotations"]["nvidia.com/use-gputype"] == (
         "NVIDIA A100-SXM4-80GB,NVIDIA A100 80GB PCIe"
     )
+    # Shares fill a GPU before another, as stored for hami-scheduler to read.
+    assert pod["metadata"]["annotations"]["hami.io/gpu-scheduler-policy"] == "binpack"
 
 
 def test_an_invalid_request_is_refused_with_gpuadms_message(

@@ -8,7 +8,7 @@ from typing import Any
 import jsonpatch
 import pytest
 
-from policies import Denial, Policy, plan
+from policies import ConfigError, Denial, Policy, load_policy, plan
 from tests.apiserver_rules import violations
 from tests.builders import container, pod
 
@@ -295,6 +295,64 @@ def test_scheduler_name(policy: Policy, class_name: str, scheduler: str | None) 
 def test_hami_pods_name_the_exact_gpu_types(policy: Policy) -> None:
     mutated, _ = apply(policy, pod({"gpuadm.io/a100": "1"}))
     assert mutated["metadata"]["annotations"]["nvidia.com/use-gputype"] == A100_TYPES
+
+
+GPU_POLICY = "hami.io/gpu-scheduler-policy"
+
+
+def hami_policy(gpu_scheduler_policy: str | None) -> Policy:
+    line = f"    gpuSchedulerPolicy: {gpu_scheduler_policy}\n" if gpu_scheduler_policy else ""
+    return load_policy(
+        "classes:\n  a100:\n    backend: hami\n    memory: 80Gi\n"
+        f"    models: [NVIDIA A100-SXM4-80GB]\n{line}"
+    )
+
+
+@pytest.mark.parametrize("amount", ["0.5", "0.333", "1", "2"])
+def test_hami_pods_are_binpacked_unless_the_class_says_otherwise(amount: str) -> None:
+    # Shares fill a GPU before they start another, so whole GPUs stay free for whole pods:
+    # hami-scheduler spreads them over a node's GPUs unless told.
+    mutated, _ = apply(hami_policy(None), pod({"gpuadm.io/a100": amount}))
+    assert mutated["metadata"]["annotations"][GPU_POLICY] == "binpack"
+    mutated, _ = apply(hami_policy("spread"), pod({"gpuadm.io/a100": amount}))
+    assert mutated["metadata"]["annotations"][GPU_POLICY] == "spread"
+
+
+def test_a_class_that_leaves_it_to_the_scheduler_writes_none_and_keeps_the_pods() -> None:
+    policy = hami_policy("scheduler")
+    mutated, result = apply(policy, pod({"gpuadm.io/a100": "0.5"}))
+    assert GPU_POLICY not in mutated["metadata"]["annotations"]
+    mutated, result = apply(policy, pod({"gpuadm.io/a100": "0.5"}, annotations={GPU_POLICY: "x"}))
+    assert mutated["metadata"]["annotations"][GPU_POLICY] == "x"
+    assert result.warnings == ()
+
+
+def test_the_classs_gpu_policy_replaces_the_pods_and_says_so() -> None:
+    body = pod({"gpuadm.io/a100": "0.5"}, annotations={GPU_POLICY: "spread"})
+    mutated, result = apply(hami_policy(None), body)
+    assert mutated["metadata"]["annotations"][GPU_POLICY] == "binpack"
+    assert result.warnings == (
+        f"annotation {GPU_POLICY}: 'spread' replaced by 'binpack', the value of class a100; "
+        "the class chooses how its GPUs are shared",
+    )
+    _, result = apply(
+        hami_policy(None), pod({"gpuadm.io/a100": "0.5"}, annotations={GPU_POLICY: "binpack"})
+    )
+    assert result.warnings == ()
+
+
+def test_only_hami_classes_write_a_gpu_policy(policy: Policy) -> None:
+    for class_name in ("a10", "t4", "h100"):
+        mutated, _ = apply(policy, pod({f"gpuadm.io/{class_name}": "1"}))
+        assert GPU_POLICY not in mutated["metadata"].get("annotations", {}), class_name
+
+
+@pytest.mark.parametrize("value", ["topology-aware", "Binpack", "1"])
+def test_an_unknown_gpu_policy_is_refused_by_name(value: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        hami_policy(value)
+    assert "gpuSchedulerPolicy" in str(error.value), error.value
+    assert "binpack" in str(error.value), error.value
 
 
 def test_default_scheduler_name_is_replaced(policy: Policy) -> None:

@@ -23,6 +23,7 @@ from policies.classes.class_base import Bytes, ClassBase, GpuName, Model, Resour
 from policies.classes.hardware import HARDWARE
 from policies.classes.models import (
     GFD_PRODUCT_LABEL,
+    HAMI_GPU_POLICY,
     STACK_NAMES,
     USE_GPUTYPE,
     ClassModel,
@@ -245,6 +246,15 @@ class HamiClass(VirtualGpuClass):
         cores="nvidia.com/gpucores",
         memory_percentage="nvidia.com/gpumem-percentage",
     )
+    # Which of the fitting GPUs hami-scheduler gives a pod: `binpack` fills a shared GPU
+    # before it starts another, so shares leave whole GPUs free; `scheduler` writes nothing,
+    # and the scheduler's own --gpu-scheduler-policy (spread unless set) decides.
+    gpu_scheduler_policy: Literal["binpack", "spread", "scheduler"] = "binpack"
+
+    def placement_annotations(self) -> Mapping[str, str]:
+        if self.gpu_scheduler_policy == "scheduler":
+            return {}
+        return {HAMI_GPU_POLICY: self.gpu_scheduler_policy}
 
 
 class VolcanoClass(VirtualGpuClass):

@@ -92,6 +92,12 @@ def test_pods_of_one_template_share_a_key(body: dict[str, Any]) -> None:
             lambda p: p["metadata"]["annotations"].update({"nvidia.com/use-gputype": "A100"}),
             id="backend-annotation",
         ),
+        pytest.param(
+            lambda p: p["metadata"]["annotations"].update(
+                {"hami.io/gpu-scheduler-policy": "spread"}
+            ),
+            id="gpu-policy-annotation",
+        ),
     ],
 )
 def test_what_plan_reads_changes_the_key(change: Any) -> None:
