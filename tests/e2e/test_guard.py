@@ -4,9 +4,10 @@ resources, for pods with and without GPUs and for ephemeral containers added lat
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import kubernetes.client
 import pytest
 from kubernetes.client.exceptions import ApiException
 
@@ -238,3 +239,42 @@ def test_an_allocation_annotation_cannot_be_changed_by_a_tenant(
     assert "annotation hami.io/vgpu-devices-to-allocate may be changed only by the GPU stack" in (
         message
     )
+
+
+HAMI_SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"
+
+
+@pytest.fixture
+def hamis_scheduler(
+    api_client: kubernetes.client.ApiClient,
+) -> Iterator[kubernetes.client.CoreV1Api]:
+    """Act as HAMi's scheduler, one of the policy's default gpuStackUsers: the admin
+    impersonates its service account, in the admin group so that RBAC lets it patch pods."""
+    with kubernetes.client.ApiClient(api_client.configuration) as client:
+        client.set_default_header("Impersonate-User", HAMI_SCHEDULER)
+        client.set_default_header("Impersonate-Group", "system:masters")
+        yield kubernetes.client.CoreV1Api(client)
+
+
+def test_hamis_scheduler_writes_its_allocation_and_a_tenant_may_not(
+    gpuadm: Deployment, hamis_scheduler: kubernetes.client.CoreV1Api, namespace: str
+) -> None:
+    pod = create(gpuadm, namespace, body({"gpuadm.io/a100": "0.5"}))
+    name = pod["metadata"]["name"]
+    # What HAMi v2.10.0's extender wrote on a half of an A100 it placed, read back from a run.
+    devices = "GPU-0ae39342-8e93-5d32-8b1e-9b7f42147389,NVIDIA,40960,50:;"
+    allocation = {
+        "hami.io/vgpu-devices-to-allocate": devices,
+        "hami.io/vgpu-devices-allocated": devices,
+        "hami.io/vgpu-node": "a100-sxm-0",
+        "hami.io/vgpu-time": "1796641628",
+        "hami.io/bind-phase": "allocating",
+        "hami.io/bind-time": "1796641629",
+    }
+    patch = {"metadata": {"annotations": allocation}}
+    message = refused(lambda: gpuadm.core.patch_namespaced_pod(name, namespace, patch))
+    assert "may be changed only by the GPU stack" in message, message
+    hamis_scheduler.patch_namespaced_pod(name, namespace, patch)
+    stored = gpuadm.core.read_namespaced_pod(name, namespace).metadata.annotations
+    assert {key: stored[key] for key in allocation} == allocation
+    assert stored["hami.io/gpu-scheduler-policy"] == "binpack"
