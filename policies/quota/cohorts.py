@@ -42,6 +42,14 @@ def is_cohort_key(key: str) -> bool:
     return key.startswith(KEY_PREFIX)
 
 
+def record_of(key: str) -> str:
+    """Name a quota record by its key for a message: `cohort "research"` or
+    `namespace "team-a"`."""
+    if is_cohort_key(key):
+        return f'cohort "{key.removeprefix(KEY_PREFIX)}"'
+    return f'namespace "{key}"'
+
+
 Reclaim = Literal["never", "lowerPriority", "any"]
 """What a member's waiting pods may take back from borrowers: nothing, the pods of lower
 priority, or any."""

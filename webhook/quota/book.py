@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from fractions import Fraction
 from typing import TYPE_CHECKING, TypeVar
 
+from policies.quota.cohorts import record_of
 from webhook.kube.errors import KubeError
 from webhook.quota.allowances import ZERO, Allowances, holder_name
 from webhook.quota.reservations import (
@@ -71,7 +72,7 @@ class RecordBusy(KubeError):
     """Every attempt to store a namespace's record lost its race to another replica."""
 
     def __init__(self, namespace: str) -> None:
-        self.detail = f'the quota record of namespace "{namespace}" is busy'
+        self.detail = f"the quota record of {record_of(namespace)} is busy"
         super().__init__(409, self.detail)
 
 

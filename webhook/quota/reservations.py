@@ -17,6 +17,7 @@ from fractions import Fraction
 from typing import Any, Protocol
 
 from policies.quantity import format_amount
+from policies.quota.cohorts import record_of
 from webhook.kube.errors import KubeError
 
 
@@ -28,7 +29,7 @@ class RecordFull(KubeError):
     """The record would hold more than its store can keep: nothing was written."""
 
     def __init__(self, namespace: str, reservations: int, limit_bytes: int) -> None:
-        self.headline = f'the quota record of namespace "{namespace}" is full'
+        self.headline = f"the quota record of {record_of(namespace)} is full"
         self.detail = (
             f"{self.headline}: {reservations} reservations of recent admissions would take "
             f"more than its {limit_bytes // 1024} KiB; retry in a minute, when the oldest "
@@ -42,7 +43,7 @@ class UnreadableRecord(KubeError):
     a record gpuadm wrote: nothing is judged by it, and nothing written over it."""
 
     def __init__(self, namespace: str, reason: str) -> None:
-        self.detail = f'gpuadm cannot read the quota record of namespace "{namespace}": {reason}'
+        self.detail = f"gpuadm cannot read the quota record of {record_of(namespace)}: {reason}"
         super().__init__(500, self.detail)
 
 

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from fractions import Fraction
 
 from policies import Plan
+from policies.quota.cohorts import record_of
 from policies.quota.judge import QuotaVerdict, never_fits
 from policies.quota.quotas import budgets_on, limits_on
 from webhook.config.snapshot import ConfigSnapshot
@@ -153,6 +154,6 @@ def batch_failed(key: str, error: Exception) -> QuotaVerdict | None:
         log.warning("%s", error.detail)
         return QuotaVerdict(False, NOT_IN_SYNC)
     if isinstance(error, KubeError):  # the apiserver is unreachable or refused: not ours
-        log.warning("cannot store the quota record of namespace %s: %s", key, error)
+        log.warning("cannot store the quota record of %s: %s", record_of(key), error)
         return QuotaVerdict(False, f"gpuadm cannot reach the apiserver ({error}); retry")
     return None

@@ -16,8 +16,9 @@ from policies.quota.judge import QuotaVerdict
 from tests.builders import POLICY_YAML
 from tests.webhook.quota.test_ledger import ledger, request, stored_pod
 from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
+from webhook.quota.book import RecordBusy
 from webhook.quota.ledger import QuotaLedger
-from webhook.quota.reservations import MemoryStore, Reservation
+from webhook.quota.reservations import MemoryStore, RecordFull, Reservation, UnreadableRecord
 
 QUOTAS = """
 namespaces:
@@ -140,3 +141,14 @@ def test_a_member_with_no_quota_of_its_own_may_still_borrow_what_the_pool_holds(
         assert verdict is not None
         assert verdict.allowed is allowed, gpus
         assert verdict.queued is allowed
+
+
+def test_a_cohorts_record_is_named_as_the_cohorts_in_messages() -> None:
+    assert RecordBusy("cohort.research").detail == 'the quota record of cohort "research" is busy'
+    assert RecordBusy("team-a").detail == 'the quota record of namespace "team-a" is busy'
+    assert RecordFull("cohort.research", 3, 2048).headline == (
+        'the quota record of cohort "research" is full'
+    )
+    assert UnreadableRecord("cohort.research", "why").detail == (
+        'gpuadm cannot read the quota record of cohort "research": why'
+    )
