@@ -58,10 +58,23 @@ def limits_of(mutated: dict[str, Any], index: int = 0) -> dict[str, str]:
         pytest.param(
             {"gpuadm.io/a100": "1", "gpuadm.io/a100-memory": "40Gi"},
             {},
-            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960"},
+            # 100 cores: HAMi gives such a pod its GPU alone, as it is charged a whole one.
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "100"},
             1,
             False,
             id="hami-whole-with-memory-cap",
+        ),
+        pytest.param(
+            {"gpuadm.io/a10": "2", "gpuadm.io/a10-memory": "8Gi"},
+            {},
+            {
+                "volcano.sh/vgpu-number": "2",
+                "volcano.sh/vgpu-memory": "8192",
+                "volcano.sh/vgpu-cores": "100",
+            },
+            2,
+            False,
+            id="volcano-whole-with-memory-cap",
         ),
         pytest.param(
             {"nvidia.com/gpu": "2"},

@@ -203,6 +203,9 @@ class VirtualGpuClass(ClassBase):
                         f"{format_memory(self.memory)} of one GPU of the class"
                     )
                 resources[names.memory] = ceil_div(ask.memory_cap, MiB)
+                # A pod that names its memory shares the GPU with others unless it takes all of
+                # its cores: 100 cores take a GPU alone, as a whole GPU is charged.
+                resources[names.cores] = 100
             return Grant(resources, Fraction(ask.count))
         fraction = self._share_fraction(ask)
         memory_bytes = ask.memory if isinstance(ask, MemoryShare) else fraction * self._memory()
