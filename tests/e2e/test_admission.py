@@ -68,6 +68,14 @@ def gpu_affinity(stored: dict[str, Any]) -> list[dict[str, Any]]:
             id="volcano-share",
         ),
         pytest.param(
+            {"gpuadm.io/a100": "1", "gpuadm.io/a100-memory": "40Gi"},
+            # 100 cores: HAMi gives a pod that names its memory its GPU alone only with them.
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "40960", "nvidia.com/gpucores": "100"},
+            "hami-scheduler",
+            "nvidia.com/gpu.product",
+            id="hami-whole-with-memory-cap",
+        ),
+        pytest.param(
             {"nvidia.com/gpu": "1"},
             {"tencent.com/vcuda-core": "100"},
             "default-scheduler",
