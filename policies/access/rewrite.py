@@ -23,7 +23,7 @@ from policies.access.demand import (
 )
 from policies.classes.asks import Grant
 from policies.classes.class_base import ClassBase, rounding_warning
-from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS, PLACEMENT_ANNOTATIONS
 from policies.errors import Denial
 from policies.pods.dra_templates import ClaimTemplate, Held, entry_name, is_entry_name
 from policies.pods.pod_shape import REQUIRED, check_metadata, check_pod, shown
@@ -192,7 +192,7 @@ def _inputs(
             spec.get("resourceClaims"),
             bool(annotations),
             owned,
-            [annotations.get(key) for key in (*DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY)],
+            [annotations.get(key) for key in DEVICE_CHOICE_ANNOTATIONS + PLACEMENT_ANNOTATIONS],
             [annotations.get(key) for key in REQUEST_ANNOTATIONS],
             bool(labels),
             labels.get(prefix + "class"),
@@ -336,8 +336,8 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
 
     They are gpuadm's to write: one the class writes is replaced by the class's value, and a
     note tells the user so; one it does not write is refused, since it would steer the stack
-    around the class. HAMi's GPU policy only chooses among the class's GPUs: the class's value
-    replaces the pod's, and where the class writes none the pod's stands.
+    around the class. A placement annotation (HAMi's GPU policy) only orders the class's GPUs:
+    the class's value replaces the pod's, and where the class writes none the pod's stands.
     """
     brought = pod.annotations
     written = {
@@ -345,8 +345,9 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
         **policy.classes[class_name].placement_annotations(),
     }
     notes = []
-    for key in (*DEVICE_CHOICE_ANNOTATIONS, HAMI_GPU_POLICY):
-        if key not in brought or (key == HAMI_GPU_POLICY and key not in written):
+    for key in DEVICE_CHOICE_ANNOTATIONS + PLACEMENT_ANNOTATIONS:
+        placement = key in PLACEMENT_ANNOTATIONS
+        if key not in brought or (placement and key not in written):
             continue
         if key not in written:
             raise Denial(
@@ -357,7 +358,7 @@ def _check_device_choice(pod: PodView, policy: Policy, class_name: str) -> list[
         if brought[key] != written[key]:
             why = (
                 "the class chooses how its GPUs are shared"
-                if key == HAMI_GPU_POLICY
+                if placement
                 else "only gpuadm writes it"
             )
             notes.append(

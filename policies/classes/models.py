@@ -31,6 +31,7 @@ DEVICE_CHOICE_ANNOTATIONS = (
 # HAMi's per-pod choice among the GPUs that fit (`binpack` or `spread`). It gives no GPU
 # outside the class, so a pod may bring one where its class writes none.
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
+PLACEMENT_ANNOTATIONS = (HAMI_GPU_POLICY,)
 
 VgpuStack = Literal["hami", "volcano"]
 # How messages name each stack.
