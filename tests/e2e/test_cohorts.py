@@ -103,6 +103,13 @@ def labelled(installation: Installation, namespace: str) -> set[str]:
     }
 
 
+def wait_running(
+    installation: Installation, namespace: str, names: tuple[str, ...], what: str
+) -> None:
+    """Wait until every pod of `names` runs on the node."""
+    wait_for(lambda: all(phase(installation, namespace, n) == "Running" for n in names), what)
+
+
 def reasons(installation: Installation, namespace: str) -> list[str]:
     return [e.reason for e in installation.core.list_namespaced_event(namespace).items]
 
@@ -112,8 +119,10 @@ def test_a_lender_s_waiting_pod_gets_its_gpu_back_from_the_newest_borrower(
 ) -> None:
     for name in ("a0", "a1", "a2"):
         create(installation, "lab-a", name)
-    wait_for(
-        lambda: all(phase(installation, "lab-a", n) == "Running" for n in ("a0", "a1", "a2")),
+    wait_running(
+        installation,
+        "lab-a",
+        ("a0", "a1", "a2"),
         "team-a's three pods running, two of them on team-b's idle GPUs",
     )
     wait_for(lambda: labelled(installation, "lab-a") == {"a1", "a2"}, "the borrowed two labelled")
@@ -152,10 +161,7 @@ def test_a_disruption_budget_keeps_its_pod_and_the_next_borrower_goes(
             "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "protected"}}},
         },
     )
-    wait_for(
-        lambda: all(phase(installation, "pdb-a", n) == "Running" for n in ("p0", "p1", "p2")),
-        "three pods running",
-    )
+    wait_running(installation, "pdb-a", ("p0", "p1", "p2"), "three pods running")
     create(installation, "pdb-b", "q0")
     wait_for(lambda: phase(installation, "pdb-a", "p1") is None, "the next borrower evicted")
     wait_for(lambda: phase(installation, "pdb-b", "q0") == "Running", "the lender's pod running")
@@ -218,9 +224,8 @@ def test_a_leader_killed_mid_reclaim_evicts_once_and_the_lender_runs(
 ) -> None:
     for name in ("k0", "k1", "k2"):
         create(installation, "kill-a", name)
-    wait_for(
-        lambda: all(phase(installation, "kill-a", n) == "Running" for n in ("k0", "k1", "k2")),
-        "three pods of kill-a running, two borrowed",
+    wait_running(
+        installation, "kill-a", ("k0", "k1", "k2"), "three pods of kill-a running, two borrowed"
     )
     leader = installation.leader()
     installation.core.create_namespaced_pod("kill-b", running_pod("m0"))
