@@ -289,6 +289,22 @@ class QuotaConfig(Model):
         """Return a namespace's limits: its own entry, or `default` when it has none."""
         return self.terms(namespace).limits
 
+    def widest_limits_for(self, namespace: str) -> Mapping[str, Fraction]:
+        """Return the limits a pod could ever fit in a namespace: its own, or for a cohort's
+        member as wide as borrowing lets them be (`Cohort.widest`)."""
+        widest = self._widest.get(namespace)
+        return self.limits_for(namespace) if widest is None else widest
+
+    @cached_property
+    def _widest(self) -> dict[str, Mapping[str, Fraction]]:
+        """Work out, once per config, each cohort member's widest limits: every gated or
+        enforced admission of a member asks."""
+        return {
+            ns: cohort.widest(ns, self.limits_for(ns))
+            for cohort in self.cohorts.values()
+            for ns in cohort.members
+        }
+
     def mode_for(self, namespace: str) -> Mode:
         """Return the namespace's mode: its own, or the file's."""
         return self.terms(namespace).mode

@@ -276,3 +276,13 @@ def test_admitting_by_reach_never_draws_more_than_the_pool(
             assert over + others > research.pool("a100") or (
                 ceiling is not None and used + charge > ceiling
             )
+
+
+def test_widest_limits_are_a_members_reach_at_its_most_and_a_loners_own() -> None:
+    quotas = load_quotas(QUOTAS + "  solo:\n    a100: 2\n")
+    # The pool is 7: team-a lends all its 4 (no `lend`), team-b 3 of its 4.
+    # team-a: guaranteed 0, plus the pool, within 4 + borrow 2.
+    assert quotas.widest_limits_for("team-a")["a100"] == 6
+    # team-b: guaranteed 1, plus the pool, and no bound of its own (no `borrow`).
+    assert quotas.widest_limits_for("team-b")["a100"] == 8
+    assert quotas.widest_limits_for("solo") == quotas.limits_for("solo")

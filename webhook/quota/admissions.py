@@ -64,7 +64,6 @@ from webhook.quota.verdicts import (
     reservation_key,
     taken_meanwhile,
     when_full,
-    widest_limits,
     without,
 )
 from webhook.quota.watermark import NOT_IN_SYNC
@@ -113,7 +112,7 @@ class AdmissionJudge:
             return gate_outside_queue(namespace, gate, mode)
         if not limits_on(plan.class_name, limits):
             return None
-        widest = widest_limits(config, namespace)
+        widest = config.quotas.widest_limits_for(namespace)
         if gated and (never := never_fitting(namespace, plan, widest)) is not None:
             return never
         member = None

@@ -85,16 +85,8 @@ def gate_verdict(namespace: str, plan: Plan, config: ConfigSnapshot) -> QuotaVer
         return None
     if not (limits_on(class_name, terms.limits) or budgets_on(class_name, terms.budgets)):
         return None
-    never = never_fitting(namespace, plan, widest_limits(config, namespace))
+    never = never_fitting(namespace, plan, config.quotas.widest_limits_for(namespace))
     return never if never is not None else QuotaVerdict(True, queued=True)
-
-
-def widest_limits(config: ConfigSnapshot, namespace: str) -> Mapping[str, Fraction]:
-    """Return the limits a pod could ever fit in its namespace: its own, or in a cohort as
-    wide as borrowing lets them be (`Cohort.widest`)."""
-    limits = config.quotas.limits_for(namespace)
-    cohort = config.quotas.cohort_of(namespace)
-    return limits if cohort is None else cohort.widest(namespace, limits)
 
 
 def gate_outside_queue(namespace: str, gate: str, mode: str) -> QuotaVerdict:
