@@ -6,7 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from policies.access.rewrite import Plan
-from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS, PLACEMENT_ANNOTATIONS
 from policies.errors import Denial
 from policies.pods.pod_shape import check_metadata
 from policies.pods.pod_view import PodView, view_pod
@@ -36,9 +36,10 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     removes gpuadm's scheduling gate.
 
     gpuadm's annotations are those of its domain, those with which a pod chooses its devices
-    (`nvidia.com/use-gputype`, ...) and those a stack reads a share from (KAI's
-    `gpu-fraction`, ...): changed on a pending pod, the second would send it to another GPU
-    model than its class's, the third give it another share than it is charged for.
+    (`nvidia.com/use-gputype`, ...), those a stack reads a share from (KAI's `gpu-fraction`,
+    ...) and HAMi's GPU policy (`hami.io/gpu-scheduler-policy`): changed on a pending pod, the
+    second would send it to another GPU model than its class's, the third give it another
+    share than it is charged for, the fourth scatter its shares over GPUs its class packs.
     """
     check_metadata(new)
     check_metadata(old, whose="the old pod's ")
@@ -56,7 +57,7 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
     if changed:
         raise Denial(
             f"{', '.join(changed)} may be set by gpuadm only; they record the pod's GPU class "
-            "and demand and choose its GPU model, and cannot change after creation"
+            "and demand and choose its GPUs, and cannot change after creation"
         )
     gate = policy.quota_gate
     if is_gated(old_view, gate) and not is_gated(new_view, gate):
@@ -70,7 +71,9 @@ def check_update(old: Mapping[str, Any], new: Mapping[str, Any], policy: Policy)
 def _owned(pod: PodView, field: str, policy: Policy) -> dict[str, str]:
     values = pod.labels if field == "labels" else pod.annotations
     device_choice = (
-        (*DEVICE_CHOICE_ANNOTATIONS, *REQUEST_ANNOTATIONS) if field == "annotations" else ()
+        (*DEVICE_CHOICE_ANNOTATIONS, *PLACEMENT_ANNOTATIONS, *REQUEST_ANNOTATIONS)
+        if field == "annotations"
+        else ()
     )
     return {
         key: value for key, value in values.items() if policy.in_domain(key) or key in device_choice

@@ -29,7 +29,8 @@ DEVICE_CHOICE_ANNOTATIONS = (
     "volcano.sh/vgpu-mode",  # Volcano: hami-core or mig
 )
 # HAMi's per-pod choice among the GPUs that fit (`binpack` or `spread`). It gives no GPU
-# outside the class, so a pod may bring one where its class writes none.
+# outside the class, so a pod may bring one where its class writes none; like the others, it
+# cannot change after creation, or a pending share could be spread over GPUs its class packs.
 HAMI_GPU_POLICY = "hami.io/gpu-scheduler-policy"
 PLACEMENT_ANNOTATIONS = (HAMI_GPU_POLICY,)
 

@@ -32,7 +32,7 @@ from policies import Denial, check_guard, load_policy
 from policies.access.guard import ALLOCATION_ANNOTATIONS
 from policies.access.guard.allocation import KAI_ALLOCATION_ANNOTATIONS, KAI_GPU_GROUP
 from policies.classes.backends.kai import SHARE_CONFIG_MAPS
-from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS
+from policies.classes.models import DEVICE_CHOICE_ANNOTATIONS, PLACEMENT_ANNOTATIONS
 from policies.policy import GPU_STACK_NAMESPACES as STACK_NAMESPACES
 from policies.policy import (
     ROUTED_DEVICES_CONFIG_MAPS,
@@ -1587,7 +1587,7 @@ def test_gpu_stacks_pods_skip_the_webhooks_in_their_namespace_and_reach_them_els
         assert sent_to_webhook(webhook, "CREATE", stack.pod("team-a"), None)
 
 
-@pytest.mark.parametrize("key", DEVICE_CHOICE_ANNOTATIONS)
+@pytest.mark.parametrize("key", [*DEVICE_CHOICE_ANNOTATIONS, *PLACEMENT_ANNOTATIONS])
 def test_updates_of_device_choice_annotations_reach_the_validating_webhook(
     key: str, webhooks: tuple[Obj, Obj]
 ) -> None:

@@ -241,6 +241,20 @@ def test_an_allocation_annotation_cannot_be_changed_by_a_tenant(
     )
 
 
+def test_a_pending_shares_gpu_policy_cannot_be_changed(gpuadm: Deployment, namespace: str) -> None:
+    """Spread by an update, a pending half would leave fewer whole GPUs free than its class,
+    which packs them, allows."""
+    pod = create(gpuadm, namespace, body({"gpuadm.io/a100": "0.5"}))
+    name = pod["metadata"]["name"]
+    assert pod["metadata"]["annotations"]["hami.io/gpu-scheduler-policy"] == "binpack"
+    patch = {"metadata": {"annotations": {"hami.io/gpu-scheduler-policy": "spread"}}}
+    message = refused(lambda: gpuadm.core.patch_namespaced_pod(name, namespace, patch))
+    assert message.startswith(VALIDATE_DENIED), message
+    assert "annotation hami.io/gpu-scheduler-policy may be set by gpuadm only" in message
+    stored = gpuadm.core.read_namespaced_pod(name, namespace).metadata.annotations
+    assert stored["hami.io/gpu-scheduler-policy"] == "binpack"
+
+
 HAMI_SCHEDULER = "system:serviceaccount:kube-system:hami-scheduler"
 
 

@@ -135,7 +135,39 @@ def test_an_update_cannot_send_a_pending_pod_to_another_gpu_model(
     with pytest.raises(Denial) as denial:
         check_update(old, new, policy)
     assert f"annotation {key} may be set by gpuadm only" in denial.value.message
-    assert "choose its GPU model" in denial.value.message
+    assert "choose its GPUs" in denial.value.message
+
+
+@pytest.mark.parametrize(
+    ("limits", "change"),
+    [
+        pytest.param(
+            {"gpuadm.io/a100": "0.5"}, {"hami.io/gpu-scheduler-policy": "spread"}, id="changed"
+        ),
+        pytest.param(
+            {"gpuadm.io/a100": "0.5"}, {"hami.io/gpu-scheduler-policy": None}, id="removed"
+        ),
+        pytest.param({"cpu": "1"}, {"hami.io/gpu-scheduler-policy": "spread"}, id="added"),
+    ],
+)
+def test_an_update_cannot_change_hamis_gpu_policy(
+    policy: Policy, limits: dict[str, str], change: dict[str, str | None]
+) -> None:
+    """A pending share spread over a node's GPUs would leave fewer whole GPUs free than its
+    class, which packs them, allows."""
+    old = mutated(policy, limits)
+    new = copy.deepcopy(old)
+    annotations = new["metadata"].setdefault("annotations", {})
+    for key, value in change.items():
+        if value is None:
+            del annotations[key]
+        else:
+            annotations[key] = value
+    with pytest.raises(Denial) as denial:
+        check_update(old, new, policy)
+    assert (
+        "annotation hami.io/gpu-scheduler-policy may be set by gpuadm only" in denial.value.message
+    )
 
 
 def test_an_update_cannot_remove_the_gpu_model_choice(policy: Policy) -> None:

@@ -268,10 +268,12 @@ object != null && has(object.spec) && (
 {{- end }}
 
 {{/*
-CEL, true when the old or the new pod has a label or annotation under policy.domain, or one
-of the annotations with which a pod chooses its devices (DEVICE_CHOICE_ANNOTATIONS in
-policies/classes/models.py): only gpuadm writes them; or one of those with which HAMi's and
-Volcano's schedulers tell their device plugins what to allocate (ALLOCATION_ANNOTATIONS in
+CEL, true when the old or the new pod has a label or annotation under policy.domain; or one
+of the annotations with which a pod chooses its devices or HAMi's GPU policy
+(DEVICE_CHOICE_ANNOTATIONS and PLACEMENT_ANNOTATIONS in policies/classes/models.py), or
+KAI's share annotations (ROUTED_REQUEST_ANNOTATIONS in policies/policy.py): only gpuadm
+writes them; or one of those with which the stacks' schedulers and KAI's binder record what
+they allocated (ALLOCATION_ANNOTATIONS, KAI_ALLOCATION_ANNOTATIONS and KAI_GPU_GROUP in
 policies/access/guard/): only the GPU stack writes them.
 */}}
 {{- define "gpuadm.touchesGpuadmKeys" -}}
@@ -289,6 +291,7 @@ policies/access/guard/): only the GPU stack writes them.
       'nvidia.com/nouse-gpuuuid',
       'nvidia.com/vgpu-mode',
       'volcano.sh/vgpu-mode',
+      'hami.io/gpu-scheduler-policy',
       'hami.io/vgpu-devices-to-allocate',
       'hami.io/vgpu-devices-allocated',
       'hami.io/vgpu-mig-allocations',
