@@ -13,6 +13,9 @@ per GPU class instead of per flavor, and at admission instead of at scheduling:
   never draw more than the pool. So a member's limit of the moment (`Cohort.reach`) is its
   guaranteed part, plus what of the pool the others do not draw, capped by its nominal
   quota plus `borrow`.
+- A class is shared only among the members that have a limit of it. A member without one
+  holds as many as it likes (it is unlimited, as outside a cohort): it lends none, draws
+  none from the pool and borrows none, so its pods of that class are never borrowed.
 - A member's pods beyond its nominal quota are **borrowed**: the newest of its
   lowest-priority pods (`borrowed_pods`). When a member's pod waits within its nominal
   quota and the pool is drawn by borrowers, the member may take it back
@@ -67,6 +70,10 @@ class Member:
     lend: Mapping[str, Fraction]
     reclaim: Reclaim = "never"
 
+    def shares(self, class_name: str) -> bool:
+        """Tell whether the member takes part in the cohort's class: it has a limit of it."""
+        return class_name in self.nominal
+
     def lendable(self, class_name: str) -> Fraction:
         """Return how much of its nominal quota of the class others may use when idle."""
         nominal = self.nominal.get(class_name, ZERO)
@@ -109,8 +116,11 @@ class Cohort:
 
     def drawn(self, namespace: str, class_name: str, used: Fraction) -> Fraction:
         """Return what a member holding `used` draws from the pool: what it holds beyond
-        its guaranteed part."""
-        return max(ZERO, used - self.members[namespace].guaranteed(class_name))
+        its guaranteed part (nothing, for a class it has no limit of)."""
+        member = self.members[namespace]
+        if not member.shares(class_name):
+            return ZERO
+        return max(ZERO, used - member.guaranteed(class_name))
 
     def drawn_by_others(self, namespace: str, class_name: str, usage: Usage) -> Fraction:
         """Return what the other members draw from the pool of a class."""
@@ -160,8 +170,20 @@ class Cohort:
         return widest
 
     def borrowed(self, namespace: str, class_name: str, used: Fraction) -> Fraction:
-        """Return how much a member holding `used` of a class holds beyond its nominal."""
-        return max(ZERO, used - self.members[namespace].nominal.get(class_name, ZERO))
+        """Return how much a member holding `used` of a class holds beyond its nominal
+        (nothing, for a class it has no limit of)."""
+        member = self.members[namespace]
+        if not member.shares(class_name):
+            return ZERO
+        return max(ZERO, used - member.nominal[class_name])
+
+    def borrowed_pods(self, namespace: str, class_name: str, pods: Iterable[Held]) -> list[Held]:
+        """Return a member's pods of a class that are borrowed (`borrowed_pods`); none, for
+        a class it has no limit of."""
+        member = self.members[namespace]
+        if not member.shares(class_name):
+            return []
+        return borrowed_pods(member.nominal[class_name], pods)
 
     def lent(self, class_name: str, usage: Usage) -> dict[str, Fraction]:
         """Return, per member, how much of its idle quota of a class borrowers hold.
@@ -196,8 +218,10 @@ class Cohort:
         `charge` to fit: 0 if it fits now, or if it does not fit the member's nominal
         quota at all (a member takes back only what is its own)."""
         member = self.members[namespace]
+        if not member.shares(class_name):
+            return ZERO
         used = usage.get(namespace, {}).get(class_name, ZERO)
-        if used + charge > member.nominal.get(class_name, ZERO):
+        if used + charge > member.nominal[class_name]:
             return ZERO
         short = used + charge - self.reach(namespace, class_name, usage)
         return max(ZERO, short)
@@ -277,11 +301,10 @@ def candidates(
     if rule == "never":
         return []
     units: list[Unit] = []
-    for namespace, member in cohort.members.items():
+    for namespace in cohort.members:
         if namespace == claimant:
             continue
-        nominal = member.nominal.get(class_name, ZERO)
-        borrowed = borrowed_pods(nominal, pods.get(namespace, ()))
+        borrowed = cohort.borrowed_pods(namespace, class_name, pods.get(namespace, ()))
         gangs: dict[str, None] = {}
         for pod in borrowed:
             if pod.gang:

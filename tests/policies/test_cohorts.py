@@ -153,6 +153,86 @@ def test_lent_adds_up_to_what_is_borrowed() -> None:
     assert research.lent("a100", usage(4, 4)) == {"team-a": 0, "team-b": 0}
 
 
+def three() -> Cohort:
+    """A lends all of its 4; b and c lend 2 of their 4 and keep 2 guaranteed: a pool of 8."""
+    return Cohort(
+        "three",
+        {
+            "a": Member("a", {"a100": F(4)}, {}, {}),
+            "b": Member("b", {"a100": F(4)}, {}, {"a100": F(2)}),
+            "c": Member("c", {"a100": F(4)}, {}, {"a100": F(2)}),
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("held", "lent"),
+    [
+        # a borrows 2; b draws 1 of its 2 lent, c none: 1 and 2 idle, shared 1/3 and 2/3.
+        ({"a": 6, "b": 3, "c": 0}, {"a": 0, "b": F(2, 3), "c": F(4, 3)}),
+        # a borrows 3, all that is idle: b's 1 and c's 2.
+        ({"a": 7, "b": 3, "c": 0}, {"a": 0, "b": 1, "c": 2}),
+        # c holds nothing and is not in the record at all: it is idle like one that holds 0.
+        ({"a": 6, "b": 3}, {"a": 0, "b": F(2, 3), "c": F(4, 3)}),
+        # Borrowers hold more than is idle (an admin lowered `lend`): the idle is lent.
+        ({"a": 6, "b": 4, "c": 3}, {"a": 0, "b": 0, "c": 1}),
+        # Borrowed with nothing idle: nothing is lent, and nothing divides by zero.
+        ({"a": 6, "b": 4, "c": 4}, {"a": 0, "b": 0, "c": 0}),
+        ({"a": 4, "b": 4, "c": 4}, {"a": 0, "b": 0, "c": 0}),
+    ],
+)
+def test_what_is_borrowed_is_lent_by_the_idle_in_proportion(
+    held: dict[str, int], lent: dict[str, int | F]
+) -> None:
+    usage = {ns: {"a100": F(amount)} for ns, amount in held.items()}
+    assert three().lent("a100", usage) == lent
+
+
+def test_a_member_missing_from_the_record_holds_nothing() -> None:
+    research = cohort()
+    only_a = {"team-a": {"a100": F(6)}}
+    assert research.reach("team-b", "a100", only_a) == 2
+    assert research.reach("team-b", "a100", {}) == 8
+    assert research.needs_back("team-b", "a100", F(3), only_a) == 1
+    assert research.needs_back("team-b", "a100", F(1), {"team-a": {}}) == 0
+
+
+SPLIT_QUOTAS = """\
+mode: queue
+namespaces:
+  team-a:
+    cohort: research
+    a100: 4
+    t4: 2
+    reclaim: any
+  team-b:
+    cohort: research
+    a100: 4
+"""
+
+
+def test_a_class_a_member_has_no_limit_of_is_neither_lent_nor_borrowed_by_it() -> None:
+    """team-b may run as many T4s as it likes: they are its own, not team-a's lent quota."""
+    research = load_quotas(SPLIT_QUOTAS).cohort_of("team-a")
+    assert research is not None
+    assert research.classes() == ["a100", "t4"]
+    usage = {"team-a": {"t4": F(0)}, "team-b": {"t4": F(5)}}
+    assert research.pool("t4") == 2
+    assert research.reach("team-a", "t4", usage) == 2
+    assert research.drawn("team-b", "t4", F(5)) == 0
+    assert research.borrowed("team-b", "t4", F(5)) == 0
+    assert research.lent("t4", usage) == {"team-a": 0, "team-b": 0}
+    assert research.needs_back("team-a", "t4", F(2), usage) == 0
+    assert research.needs_back("team-b", "t4", F(1), usage) == 0
+    t4s = [Held(f"t{i}", "team-b", f"t{i}", "t4", F(1), created=i) for i in range(5)]
+    assert research.borrowed_pods("team-b", "t4", t4s) == []
+    assert candidates(research, "team-a", "t4", 100, {"team-b": t4s}) == []
+    # team-b's limits of the moment: a100 at its reach, and still no t4 limit.
+    assert research.limits_now("team-b", {"a100": F(4)}, usage) == {"a100": 8}
+    # The class they share is shared as before.
+    assert research.borrowed("team-b", "a100", F(5)) == 1
+
+
 def pod(
     name: str,
     ns: str = "team-a",

@@ -39,7 +39,6 @@ from policies.quota.cohorts import (
     Giving,
     Held,
     Unit,
-    borrowed_pods,
     candidates,
     reclaim_plan,
     settled,
@@ -187,8 +186,7 @@ class CohortKeeper:
     ) -> int:
         """Label the borrowed pods and unlabel the others; return what is left of `budget`."""
         for ns, held in pods.items():
-            nominal = cohort.members[ns].nominal.get(class_name, ZERO)
-            borrowed = {p.uid for p in borrowed_pods(nominal, held)}
+            borrowed = {p.uid for p in cohort.borrowed_pods(ns, class_name, held)}
             marked = {h.uid for h in self.usage.holdings(ns) if h.marked}
             for pod in held:
                 if budget <= 0:

@@ -170,6 +170,37 @@ async def test_the_borrowed_pods_are_labelled_and_the_nominal_ones_are_not() -> 
     assert gauge == 2
 
 
+SPLIT_QUOTAS = """
+mode: queue
+namespaces:
+  team-a: {cohort: research, h100: 1, a100: 2, reclaim: any}
+  team-b: {cohort: research, h100: 3}
+"""
+
+
+async def test_a_members_pods_of_a_class_it_has_no_limit_of_are_never_borrowed() -> None:
+    """team-b may run as many A100s as it likes: they are its own, not team-a's lent quota,
+    so team-a's waiting A100 pod evicts none of them, and none is labelled borrowed."""
+    snapshot = snapshot_from_text(POLICY_YAML, SPLIT_QUOTAS, policy_source="p", quotas_source="q")
+    running = [stored_pod({"gpuadm.io/a100": "1"}, "team-b") for _ in range(3)]
+    waiting = stored_pod({"gpuadm.io/a100": "1"}, "team-a", gated=True, priority=5)
+    usage = UsageIndex()
+    for body in (*running, waiting):
+        usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+    cluster = Evictions(*running, waiting)
+    work = keeper(cluster, usage, snapshot=snapshot)
+    await work.pass_once()
+    assert cluster.evicted == []
+    assert not [
+        name
+        for (_ns, name), body in cluster.pods.items()
+        if BORROWED in (body["metadata"].get("labels") or {})
+    ]
+    for ns in ("team-a", "team-b"):
+        gauge = work.metrics.cohort_borrowed.labels("research", ns, "a100")._value.get()
+        assert gauge == 0, ns
+
+
 async def test_a_waiting_pod_the_record_charges_already_needs_nothing_back() -> None:
     """Released (charged, its gate about to go), the lender's pod holds its room: nothing
     more is evicted for it."""

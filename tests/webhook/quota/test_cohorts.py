@@ -19,6 +19,7 @@ from webhook.config.snapshot import ConfigSnapshot, snapshot_from_text
 from webhook.quota.book import RecordBusy
 from webhook.quota.ledger import QuotaLedger
 from webhook.quota.reservations import MemoryStore, RecordFull, Reservation, UnreadableRecord
+from webhook.quota.usage import UsageIndex
 
 QUOTAS = """
 namespaces:
@@ -141,6 +142,31 @@ def test_a_member_with_no_quota_of_its_own_may_still_borrow_what_the_pool_holds(
         assert verdict is not None
         assert verdict.allowed is allowed, gpus
         assert verdict.queued is allowed
+
+
+async def test_a_members_pods_of_a_class_it_has_no_limit_of_take_nothing_from_the_others() -> None:
+    """team-b has no a100 limit: it runs as many as it likes, and team-a keeps its own 2."""
+    snapshot = config(
+        "namespaces:\n"
+        "  team-a: {cohort: research, h100: 1, a100: 2}\n"
+        "  team-b: {cohort: research, h100: 3}\n"
+    )
+    usage = UsageIndex()
+    one = QuotaLedger(usage, MemoryStore(), pods_visible=True)
+
+    async def admitted(namespace: str) -> bool:
+        body = stored_pod({"gpuadm.io/a100": "1"}, namespace)
+        verdict = await one.admit(
+            request(body), require_fixed_point(plan(body, snapshot.policy)), snapshot
+        )
+        allowed = verdict is None or verdict.allowed  # None: no limit to judge by
+        if allowed:  # the pod watch shows it
+            usage.observe(body, snapshot.policy, snapshot.quotas, now=0)
+        return allowed
+
+    assert [await admitted("team-b") for _ in range(5)] == [True] * 5
+    assert [await admitted("team-a") for _ in range(3)] == [True, True, False]
+    assert await admitted("team-b")
 
 
 def test_a_cohorts_record_is_named_as_the_cohorts_in_messages() -> None:
