@@ -11,10 +11,14 @@ from hypothesis import strategies as st
 from policies.loading import ConfigError, load_quotas
 from policies.quota.cohorts import (
     Cohort,
+    Entry,
     Held,
     Member,
+    Reclaim,
+    Unit,
     borrowed_pods,
     candidates,
+    problems,
     reclaim_plan,
     settled,
 )
@@ -100,6 +104,51 @@ def test_check_config_refuses_contradictions_naming_the_line(
     problem = refused.value.problems[0]
     assert problem.startswith(f"quotas.yaml:{line}:"), problem
     assert words in problem
+
+
+def entry(
+    cohort: str | None,
+    limits: dict[str, int],
+    borrow: dict[str, int] | None = None,
+    lend: dict[str, int] | None = None,
+    reclaim: Reclaim | None = None,
+) -> Entry:
+    def fractions(amounts: dict[str, int] | None) -> dict[str, F]:
+        return {c: F(v) for c, v in (amounts or {}).items()}
+
+    return Entry(cohort, fractions(limits), fractions(borrow), fractions(lend), reclaim)
+
+
+def test_every_contradiction_is_found_whatever_comes_before_it() -> None:
+    no_limit = "has no t4 limit, so it holds as many as it likes and {} nothing"
+    found = problems(
+        {
+            "team-0": entry(None, {"a100": 1}),  # fine, and first: the others are still read
+            "team-y": entry(None, {"a100": 1}, borrow={"a100": 1}),
+            "team-z": entry(None, {"a100": 1}, reclaim="any"),
+            "team-a": entry(
+                "research",
+                {"a100": 4, "*": 5},
+                borrow={"t4": 1, "a100": 2},
+                lend={"a100": 4},  # all of its nominal quota: allowed
+            ),
+            "team-b": entry("research", {"a100": 4}, lend={"t4": 1}),
+            "team-c": entry("research", {"a100": 4, "*": 6}, borrow={"a100": 2}),  # just fits
+        }
+    )
+    assert [(".".join(path), why.split(":")[0]) for path, why in found] == [
+        ("namespaces.team-y.borrow", "borrow needs a cohort"),
+        ("namespaces.team-z.reclaim", "reclaim needs a cohort"),
+        ("namespaces.team-a.borrow.t4", "team-a " + no_limit.format("borrows")),
+        ("namespaces.team-a.*", '"*"'),
+        ("namespaces.team-b.lend.t4", "team-b " + no_limit.format("lends")),
+    ]
+    assert found[0][1] == "borrow needs a cohort: add `cohort: <name>` to team-y"
+    assert found[1][1] == "reclaim needs a cohort: add `cohort: <name>` to team-z"
+    assert found[3][1] == (
+        '"*": 5 is below a100: 4 plus borrow 2: it could never borrow all of that; '
+        'raise "*" to 6 or lower borrow'
+    )
 
 
 def test_a_class_the_policy_lacks_is_named_in_borrow_and_lend() -> None:
@@ -307,6 +356,53 @@ def test_a_reclaim_evicts_only_what_the_waiting_pod_needs_or_nothing() -> None:
 def test_settled_counts_pods_being_deleted_as_gone() -> None:
     held = {"x": [pod("x1", "x", ending=True), pod("x2", "x")]}
     assert settled({"x": {"a100": F(2)}}, "a100", held) == {"x": {"a100": F(1)}}
+    # A member the record shows nothing of, or nothing of the class, holds none after.
+    assert settled({}, "a100", held) == {"x": {"a100": 0}}
+    assert settled({"x": {"t4": F(1)}}, "a100", held) == {"x": {"t4": 1, "a100": 0}}
+
+
+def test_a_member_gives_back_only_what_it_draws_however_many_of_its_pods_go() -> None:
+    """b keeps 2 guaranteed: holding 4, it draws 2 from the pool, and its third pod to go
+    gives none back. A member missing from the record holds nothing."""
+    research = three()
+    units = [Unit((pod(f"b{i}", "b"),)) for i in range(3)]
+    usage = {"b": {"a100": F(4)}}
+    assert reclaim_plan(research, "a", "a100", F(2), usage, units) == units[:2]
+    assert reclaim_plan(research, "a", "a100", F(3), usage, units) == []
+
+
+def test_a_gang_goes_whole_and_alone() -> None:
+    """The gang's pods go together, its ending one aside; the namespace's other pods are not
+    in its unit. A member with no pods of the class has none to give."""
+    held = {
+        "x": [
+            pod("solo", "x", created=0),
+            pod("g1", "x", gang="g", created=1),
+            pod("g2", "x", gang="g", created=2),
+            pod("g3", "x", gang="g", created=3, ending=True),
+            pod("g4", "x", gang="g", created=4),
+        ]
+    }
+    units = candidates(big(), "lender", "a100", 5, held)
+    assert [[p.name for p in u.pods] for u in units] == [["g1", "g2", "g4"]]
+
+
+def test_a_members_cap_over_all_classes_is_its_own() -> None:
+    quotas = QUOTAS.replace("    a100: 4\n    borrow", '    "*": 6\n    a100: 4\n    borrow')
+    research = load_quotas(quotas).cohort_of("team-a")
+    assert research is not None
+    assert research.classes() == ["a100"]
+    limits = {"a100": F(4), "*": F(6)}
+    assert research.limits_now("team-a", limits, usage(0, 0)) == {"a100": 6, "*": 6}
+    assert research.widest("team-a", limits) == {"a100": 6, "*": 6}
+
+
+def test_namespaces_outside_a_cohort_leave_the_cohorts_whole() -> None:
+    quotas = load_quotas(QUOTAS.replace("namespaces:\n", "namespaces:\n  team-0: {a100: 1}\n"))
+    research = quotas.cohort_of("team-b")
+    assert research is not None
+    assert sorted(research.members) == ["team-a", "team-b"]
+    assert quotas.cohort_of("team-0") is None
 
 
 @settings(max_examples=300, deadline=None)
