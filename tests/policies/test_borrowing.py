@@ -10,28 +10,18 @@ from policies.loading import load_quotas
 from policies.quota.borrowing import told
 from policies.quota.cohorts import Cohort
 from policies.quota.judge import QuotaVerdict, judge
+from tests.policies.test_cohorts import QUOTAS as COHORT_QUOTAS
+from tests.policies.test_cohorts import cohort as cohort_of
 
-QUOTAS = """\
-namespaces:
-  team-a:
-    cohort: research
-    a100: 4
-    t4: 2
-    "*": 6
-    borrow: {a100: 2}
-  team-b:
-    cohort: research
-    a100: 4
-    lend: {a100: 3}
-    reclaim: lowerPriority
-"""
+# The cohort of tests/policies/test_cohorts.py, team-a with a T4 limit and a cap over all.
+QUOTAS = COHORT_QUOTAS.replace(
+    "    a100: 4\n    borrow", '    a100: 4\n    t4: 2\n    "*": 6\n    borrow', 1
+)
 EVICTED = "it may be evicted when a lender needs its quota back"
 
 
 def cohort(quotas: str = QUOTAS) -> Cohort:
-    found = load_quotas(quotas).cohort_of("team-a")
-    assert found is not None
-    return found
+    return cohort_of(quotas)
 
 
 def judged(

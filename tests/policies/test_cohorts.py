@@ -38,8 +38,8 @@ namespaces:
 """
 
 
-def cohort() -> Cohort:
-    found = load_quotas(QUOTAS).cohort_of("team-a")
+def cohort(quotas: str = QUOTAS) -> Cohort:
+    found = load_quotas(quotas).cohort_of("team-a")
     assert found is not None
     return found
 
