@@ -41,8 +41,17 @@ def judged(
     return verdict, told(verdict, research, namespace, "a100", F(asks), usage)
 
 
-def test_a_pod_within_its_nominal_quota_is_told_nothing() -> None:
-    before, after = judged(cohort(), "team-a", 1, {"team-a": {"a100": 3}})
+@pytest.mark.parametrize(
+    ("namespace", "held"),
+    [
+        ("team-a", {"team-a": {"a100": 3}}),
+        ("team-b", {}),  # a member the record shows nothing of
+    ],
+)
+def test_a_pod_within_its_nominal_quota_is_told_nothing(
+    namespace: str, held: dict[str, dict[str, int]]
+) -> None:
+    before, after = judged(cohort(), namespace, 1, held)
     assert after.allowed
     assert after == before
 
