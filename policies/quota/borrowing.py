@@ -34,7 +34,7 @@ def told(
     """Return `verdict` of a member's pod of `charge`, judged with `usage` as it was before
     the pod, telling what it borrows, or what of the cohort it did not fit."""
     member = cohort.members[namespace]
-    if class_name not in member.nominal:
+    if not member.shares(class_name):
         return verdict
     nominal = member.nominal[class_name]
     used = usage.get(namespace, {}).get(class_name, ZERO)

@@ -150,9 +150,7 @@ class Cohort:
         others (and `*`) as they are."""
         return {
             key: (
-                self.reach(namespace, key, usage)
-                if key in self.members[namespace].nominal
-                else limit
+                self.reach(namespace, key, usage) if self.members[namespace].shares(key) else limit
             )
             for key, limit in limits.items()
         }

@@ -201,7 +201,7 @@ def _in_cohort(
 ) -> ClassReport:
     """Say what a cohort member's report of a shared class borrows and lends."""
     namespace, class_name = report.namespace, report.class_name
-    if class_name not in cohort.members[namespace].nominal:
+    if not cohort.members[namespace].shares(class_name):
         return report
     held = report.in_use + report.reserved
     lent = None if usage is None else cohort.lent(class_name, usage).get(namespace)
